@@ -1,0 +1,1 @@
+"""Prompt-audio frontend: features, resampling, ONNX speaker/speech-token models, speaker records."""

@@ -1,0 +1,100 @@
+"""Repetition-aware sampling (RAS) of speech tokens and the CosyVoice3 silent-token filter.
+
+Every draw goes through ``torch.multinomial`` with the request's own CPU ``torch.Generator``,
+in the same order and on tensors of the same length as the reference sampler, so a request
+seeded with ``seed`` yields the same tokens as the reference run after
+``torch.manual_seed(seed)``, whatever else shares its batch.
+
+One step: softmax the log-probs, stable descending sort, keep candidates while the running
+probability (accumulated in fp32) is below ``top_p`` and fewer than ``top_k`` are kept (so the
+crossing token is kept), draw one of them without renormalising. If that id already occurs in
+the last ``win_size`` emitted tokens at least ``win_size * tau_r`` times, mask it and draw again
+from the full distribution.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+SILENT_TOKENS: frozenset[int] = frozenset({1, 2, 28, 29, 55, 248, 494, 2241, 2242, 2322, 2323})
+MAX_SILENT_RUN = 5
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RasParams:
+    top_p: float = 0.8
+    top_k: int = 25
+    win_size: int = 10
+    tau_r: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if self.win_size < 0 or self.tau_r < 0:
+            raise ValueError("win_size and tau_r must be non-negative")
+
+
+def make_generator(seed: int) -> torch.Generator:
+    """A CPU generator in the state ``torch.manual_seed(seed)`` leaves the global one in."""
+    return torch.Generator(device="cpu").manual_seed(seed)
+
+
+def nucleus_candidates(probs: torch.Tensor, top_p: float, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kept (probabilities, ids) of a 1-D fp32 CPU probability vector, most likely first."""
+    sorted_probs, sorted_ids = probs.sort(descending=True, stable=True)  # [V], [V]
+    head = sorted_probs[: min(top_k, sorted_probs.numel())].numpy()  # [<= top_k]
+    # running sums exactly as a left-to-right fp32 accumulation (numpy accumulate is sequential)
+    running = np.cumsum(head, dtype=np.float32)  # [<= top_k]
+    # token i is kept while the sum of the tokens before it is still below top_p
+    num_kept = 1 + int(np.count_nonzero(running[: head.size - 1] < np.float32(top_p)))
+    return sorted_probs[:num_kept], sorted_ids[:num_kept]
+
+
+def ras_sample(
+    logp: torch.Tensor,
+    history: Sequence[int],
+    generator: torch.Generator,
+    params: RasParams = RasParams(),
+) -> int:
+    """Draw one id from ``logp`` (1-D fp32 CPU log-probabilities, may hold -inf).
+
+    ``history`` is the list of tokens emitted so far by this request; only its last
+    ``params.win_size`` entries matter. ``logp`` is not modified.
+    """
+    if logp.dim() != 1 or logp.device.type != "cpu" or logp.dtype != torch.float32:
+        raise ValueError(f"logp must be a 1-D float32 CPU tensor, got {tuple(logp.shape)} {logp.dtype}")
+    cand_probs, cand_ids = nucleus_candidates(logp.softmax(dim=0), params.top_p, params.top_k)
+    token = int(cand_ids[torch.multinomial(cand_probs, 1, replacement=True, generator=generator)].item())
+    window = list(history[-params.win_size :]) if params.win_size > 0 else []
+    if window.count(token) >= params.win_size * params.tau_r:
+        masked = logp.clone()
+        masked[token] = -float("inf")
+        token = int(torch.multinomial(masked.softmax(dim=0), 1, replacement=True, generator=generator).item())
+    return token
+
+
+class SilentTokenFilter:
+    """Drops silent tokens from the flow input once more than ``max_run`` follow each other.
+
+    The LLM keeps every token in its own context and RAS history; only the flow sees the
+    filtered stream. Any non-silent token resets the run.
+    """
+
+    def __init__(self, silent_tokens: frozenset[int] = SILENT_TOKENS, max_run: int = MAX_SILENT_RUN) -> None:
+        self.silent_tokens = silent_tokens
+        self.max_run = max_run
+        self._run = 0
+
+    def accept(self, token: int) -> bool:
+        """Register ``token``; True when it should be passed on to the flow."""
+        if token not in self.silent_tokens:
+            self._run = 0
+            return True
+        self._run += 1
+        return self._run <= self.max_run

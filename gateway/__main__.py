@@ -1,0 +1,59 @@
+"""`python -m gateway serve [--config FILE] [--host H] [--port P]`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from gateway.config import ConfigError, load_config
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+
+    overrides: dict = {"server": {}}
+    if args.host:
+        overrides["server"]["host"] = args.host
+    if args.port is not None:
+        overrides["server"]["port"] = args.port
+    try:
+        config = load_config(args.config, overrides=overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=config.server.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    uvicorn.run(
+        create_app(config),
+        host=config.server.host,
+        port=config.server.port,
+        log_level=config.server.log_level,
+        ws="websockets-sansio",
+        ws_per_message_deflate=False,  # devices do not negotiate it; keep frames plain
+        ws_ping_interval=None,  # ESP32s answer pings late; idle timeouts live in the session
+        ws_ping_timeout=None,
+        ws_max_size=1 << 20,
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gateway", description="Xiaozhi voice gateway")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the server")
+    serve.add_argument("--config", help="config file (default: config.yaml in the project root)")
+    serve.add_argument("--host", help="listen address (overrides server.host)")
+    serve.add_argument("--port", type=int, help="listen port (overrides server.port)")
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

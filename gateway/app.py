@@ -1,0 +1,55 @@
+"""Assembles the FastAPI app: device socket, OTA, health, metrics."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gateway import device_socket, ota
+from gateway.config import Config
+from gateway.services import Services
+
+log = logging.getLogger(__name__)
+
+
+def create_app(config: Config, *, services: Services | None = None) -> FastAPI:
+    """`services` lets tests inject an engine/LLM; otherwise built from config at start-up."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        svc = services or Services.build(config)
+        app.state.services = svc
+        await svc.start()
+        log.info(
+            "gateway ready: tts=%s llm=%s asr=%s downlink=%d Hz",
+            svc.engine.backend_name,
+            config.llm.provider,
+            svc.asr.name,
+            config.audio.output_sample_rate,
+        )
+        try:
+            yield
+        finally:
+            await svc.close()
+
+    app = FastAPI(title="Xiaozhi gateway", version="0.1.0", lifespan=lifespan)
+    app.include_router(ota.router)
+    app.include_router(device_socket.router)
+
+    @app.get("/v1/health")
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse(request.app.state.services.health())
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        registry = request.app.state.services.metrics.registry
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    # Devices may be configured with another path; the incumbent ignores it too.
+    app.add_api_websocket_route("/{path:path}", device_socket.device_endpoint)
+    return app

@@ -1,0 +1,188 @@
+"""Configuration: `config.yaml` defaults, an optional other file, env overrides.
+
+Environment variables `XZ_<SECTION>__<KEY>` (nested keys joined by `__`)
+override single values; they are parsed as YAML scalars, so `true`, `24000`
+and `[a, b]` mean what they look like. Validation errors stop the process
+with the key's dotted name in the message.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "config.yaml"
+ENV_PREFIX = "XZ_"
+
+
+class ConfigError(Exception):
+    """The configuration is unreadable or invalid."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AuthConfig(_Section):
+    enabled: bool = False
+    tokens: list[str] = Field(default_factory=list)
+    allowed_devices: list[str] = Field(default_factory=list)
+
+
+class ServerConfig(_Section):
+    host: str = "0.0.0.0"
+    port: int = Field(8000, ge=0, le=65535)
+    public_ws_url: str = ""
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+
+
+class OtaConfig(_Section):
+    timezone_offset_minutes: int = Field(480, ge=-720, le=840)
+    websocket_version: Literal[1, 2, 3] = 1
+
+
+class AudioConfig(_Section):
+    output_sample_rate: Literal[16000, 24000] = 16000
+    frame_ms: Literal[60] = 60
+    opus_bitrate: int = Field(24000, ge=6000, le=128000)
+    opus_complexity: int = Field(10, ge=0, le=10)
+    prebuffer_frames: int = Field(5, ge=1, le=30)
+    start_gap_ms: int = Field(150, ge=0, le=2000)
+    stop_margin_ms: int = Field(420, ge=0, le=5000)
+    max_utterance_s: float = Field(60, gt=0, le=600)
+
+
+class SessionConfig(_Section):
+    idle_no_voice_s: float = Field(120, gt=0)
+    idle_hard_s: float = Field(180, gt=0)
+    wake_words: list[str] = Field(default_factory=list)
+    enable_greeting: bool = True
+    greeting: str = "你好，我在呢。"
+    exit_commands: list[str] = Field(default_factory=list)
+    max_text_frame_bytes: int = Field(65536, ge=256)
+    max_binary_frame_bytes: int = Field(65551, ge=256)
+    mcp_timeout_s: float = Field(30, gt=0, le=300)
+
+
+class LLMConfig(_Section):
+    provider: Literal["echo", "openai"] = "echo"
+    base_url: str = "https://api.openai.com/v1"
+    api_key: str = ""
+    model: str = "gpt-4o-mini"
+    system_prompt: str = ""
+    timeout_s: float = Field(30, gt=0)
+    first_token_timeout_s: float = Field(15, gt=0)
+    max_history_turns: int = Field(20, ge=0)
+    apology: str = "抱歉，我现在有点问题，请稍后再试。"
+
+
+class SegmenterConfig(_Section):
+    first_segment_at_comma: bool = True
+    max_chars: int = Field(120, ge=8, le=1000)
+
+
+class TTSConfig(_Section):
+    backend: Literal["auto", "espeak", "fake", "cosyvoice"] = "auto"
+    voice: str = "default"
+    model_dir: str = "models/Fun-CosyVoice3-0.5B"
+    max_pending_requests: int = Field(256, ge=1)
+    max_buffered_chunks: int = Field(8, ge=1)
+
+
+class ASRConfig(_Section):
+    backend: Literal["none"] = "none"
+    not_configured_reply: str = "语音识别还没有配置，请直接输入文字。"
+
+
+class Config(_Section):
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    ota: OtaConfig = Field(default_factory=OtaConfig)
+    audio: AudioConfig = Field(default_factory=AudioConfig)
+    session: SessionConfig = Field(default_factory=SessionConfig)
+    llm: LLMConfig = Field(default_factory=LLMConfig)
+    segmenter: SegmenterConfig = Field(default_factory=SegmenterConfig)
+    tts: TTSConfig = Field(default_factory=TTSConfig)
+    asr: ASRConfig = Field(default_factory=ASRConfig)
+
+    @field_validator("session")
+    @classmethod
+    def _idle_order(cls, v: SessionConfig) -> SessionConfig:
+        if v.idle_hard_s < v.idle_no_voice_s:
+            raise ValueError("idle_hard_s must be >= idle_no_voice_s")
+        return v
+
+
+def _deep_merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        path = [part.lower() for part in name[len(ENV_PREFIX) :].split("__")]
+        if not all(path):
+            continue
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        node = tree
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"environment variable {name} conflicts with another override")
+        node[path[-1]] = value
+    return tree
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file not found: {path}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return data
+
+
+def load_config(
+    path: str | Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Defaults <- `config.yaml` (or `path`) <- env <- explicit overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        data = _read_yaml(Path(path))
+    elif DEFAULT_CONFIG_PATH.exists():
+        data = _read_yaml(DEFAULT_CONFIG_PATH)
+    data = _deep_merge(data, _env_overrides(os.environ if environ is None else environ))
+    if overrides:
+        data = _deep_merge(data, overrides)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            key = ".".join(str(p) for p in err["loc"])
+            problems.append(f"{key}: {err['msg']}")
+        raise ConfigError("invalid configuration: " + "; ".join(problems)) from None

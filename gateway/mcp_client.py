@@ -1,0 +1,105 @@
+"""The server side of MCP over the device socket: the device is the MCP server.
+
+After the hello we send `initialize`, then `tools/list` following `nextCursor`.
+Request ids are unique integers (the firmware drops string ids).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = "2024-11-05"
+MAX_TOOL_PAGES = 32
+
+
+class McpError(Exception):
+    """The device answered with an error, or did not answer in time."""
+
+
+class DeviceMcpClient:
+    def __init__(self, send: Callable[[dict[str, Any]], Awaitable[None]], *, timeout_s: float = 30.0) -> None:
+        self._send = send
+        self._timeout_s = timeout_s
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.tools: list[dict[str, Any]] = []
+        self.server_info: dict[str, Any] = {}
+        self.ready = asyncio.Event()
+
+    async def request(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        req_id = next(self._ids)
+        payload: dict[str, Any] = {"jsonrpc": "2.0", "id": req_id, "method": method}
+        if params is not None:
+            payload["params"] = params
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[req_id] = fut
+        try:
+            await self._send(payload)
+            async with asyncio.timeout(self._timeout_s):
+                return await fut
+        except TimeoutError:
+            raise McpError(f"device did not answer {method} within {self._timeout_s:g} s") from None
+        finally:
+            self._pending.pop(req_id, None)
+
+    def handle(self, payload: dict[str, Any]) -> None:
+        """Route a message from the device; requests and notifications are ignored."""
+        req_id = payload.get("id")
+        if not isinstance(req_id, int) or ("result" not in payload and "error" not in payload):
+            return
+        fut = self._pending.get(req_id)
+        if fut is None or fut.done():
+            log.debug("MCP response for unknown id %r ignored", req_id)
+            return
+        if "error" in payload:
+            err = payload["error"]
+            message = err.get("message", "unknown error") if isinstance(err, dict) else str(err)
+            fut.set_exception(McpError(str(message)))
+        else:
+            result = payload["result"]
+            fut.set_result(result if isinstance(result, dict) else {"value": result})
+
+    async def start(self) -> None:
+        """initialize + tools/list; failures are logged, never fatal to the session."""
+        try:
+            init = await self.request(
+                "initialize",
+                {
+                    "protocolVersion": PROTOCOL_VERSION,
+                    "capabilities": {"roots": {"listChanged": True}, "sampling": {}},
+                    "clientInfo": {"name": "XiaozhiGateway", "version": "0.1.0"},
+                },
+            )
+            self.server_info = init.get("serverInfo", {}) if isinstance(init, dict) else {}
+            cursor: str | None = None
+            for _ in range(MAX_TOOL_PAGES):
+                params = {"cursor": cursor} if cursor else None
+                page = await self.request("tools/list", params)
+                tools = page.get("tools", [])
+                if isinstance(tools, list):
+                    self.tools.extend(t for t in tools if isinstance(t, dict))
+                cursor = page.get("nextCursor") or None
+                if not isinstance(cursor, str) or not cursor:
+                    break
+            self.ready.set()
+        except McpError as exc:
+            log.info("device MCP unavailable: %s", exc)
+
+    async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> str:
+        result = await self.request("tools/call", {"name": name, "arguments": arguments or {}})
+        content = result.get("content")
+        if isinstance(content, list) and content and isinstance(content[0], dict):
+            return str(content[0].get("text", ""))
+        return ""
+
+    def cancel_all(self) -> None:
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.cancel()
+        self._pending.clear()

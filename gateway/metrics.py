@@ -1,0 +1,56 @@
+"""Prometheus metrics of one gateway process (one registry per app)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+
+
+class _EngineCollector(Collector):
+    """Exports the engine's own counters at scrape time."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+        self._stats = stats
+
+    def collect(self):  # type: ignore[override]
+        for key, value in sorted(self._stats().items()):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            yield GaugeMetricFamily(f"xz_engine_{key}", f"TTS engine statistic {key}", value=value)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.sessions_active = Gauge("xz_sessions_active", "Device sessions open now", registry=r)
+        self.sessions_total = Counter("xz_sessions", "Device sessions opened", registry=r)
+        self.turns_total = Counter("xz_turns", "Turns started, by kind", ["kind"], registry=r)
+        self.turns_aborted = Counter("xz_turns_aborted", "Turns cut short by abort or a new turn", registry=r)
+        self.first_audio_seconds = Histogram(
+            "xz_first_audio_seconds",
+            "Time from the user's query to the first audio frame sent",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.frames_sent = Counter("xz_frames_sent", "Downlink Opus frames sent", registry=r)
+        self.frames_received = Counter("xz_frames_received", "Uplink Opus frames received", registry=r)
+        self.underruns = Counter("xz_underruns", "Times a device ran out of audio mid-turn", registry=r)
+        self.protocol_errors = Counter(
+            "xz_protocol_errors", "Device messages dropped as malformed", ["kind"], registry=r
+        )
+        self.llm_errors = Counter("xz_llm_errors", "LLM calls that failed", registry=r)
+        self.tts_errors = Counter("xz_tts_errors", "Sentences whose synthesis failed", registry=r)
+        self.ota_requests = Counter("xz_ota_requests", "OTA requests served", registry=r)
+        self.utterance_overflow = Counter(
+            "xz_utterance_overflow", "Uplink audio dropped at the utterance length bound", registry=r
+        )
+
+    def watch_engine(self, stats: Callable[[], dict[str, Any]]) -> None:
+        self.registry.register(_EngineCollector(stats))

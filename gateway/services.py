@@ -1,0 +1,135 @@
+"""What every session shares: config, the TTS engine, the LLM, ASR, metrics."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gateway.asr import ASR, create_asr
+from gateway.config import Config, LLMConfig, TTSConfig
+from gateway.llm.base import ChatLLM
+from gateway.llm.echo import EchoLLM
+from gateway.llm.openai_chat import OpenAIChatLLM
+from gateway.metrics import GatewayMetrics
+from tts_engine import TTSEngine
+from tts_engine.backends import create_backend
+
+if TYPE_CHECKING:
+    from gateway.session import Session
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TTSChoice:
+    backend: str
+    warning: str | None = None
+
+
+def choose_tts_backend(cfg: TTSConfig) -> TTSChoice:
+    """Resolve `tts.backend: auto` to a backend that can run here."""
+    if cfg.backend == "fake":
+        return TTSChoice("fake")
+    model_dir = Path(cfg.model_dir)
+    if cfg.backend in ("auto", "cosyvoice"):
+        if model_dir.is_dir():
+            try:
+                importlib.import_module("tts_engine.backends.cosyvoice")
+                return TTSChoice("cosyvoice")
+            except ImportError as exc:
+                reason = f"the cosyvoice backend cannot be loaded: {exc}"
+        else:
+            reason = f"no CosyVoice model at {model_dir} (run scripts/download_model.py)"
+        if shutil.which("espeak-ng") is None:
+            raise RuntimeError(f"{reason}, and espeak-ng is not installed (apt-get install espeak-ng)")
+        return TTSChoice("espeak", warning=f"using espeak-ng instead of CosyVoice: {reason}")
+    return TTSChoice(cfg.backend)
+
+
+def create_llm(cfg: LLMConfig) -> ChatLLM:
+    if cfg.provider == "echo":
+        return EchoLLM()
+    return OpenAIChatLLM(
+        base_url=cfg.base_url,
+        api_key=cfg.api_key or None,
+        model=cfg.model,
+        timeout_s=cfg.timeout_s,
+        first_token_timeout_s=cfg.first_token_timeout_s,
+    )
+
+
+@dataclass
+class Services:
+    config: Config
+    engine: TTSEngine
+    llm: ChatLLM
+    asr: ASR
+    metrics: GatewayMetrics
+    tts_warning: str | None = None
+    sessions: dict[str, Session] = field(default_factory=dict)
+    _anonymous: int = 0
+
+    @classmethod
+    def build(
+        cls,
+        config: Config,
+        *,
+        engine: TTSEngine | None = None,
+        llm: ChatLLM | None = None,
+        asr: ASR | None = None,
+    ) -> Services:
+        warning = None
+        if engine is None:
+            choice = choose_tts_backend(config.tts)
+            warning = choice.warning
+            if warning:
+                log.warning("!!! %s", warning)
+            engine = TTSEngine(
+                create_backend(choice.backend),
+                max_pending_requests=config.tts.max_pending_requests,
+                max_buffered_chunks=config.tts.max_buffered_chunks,
+            )
+        services = cls(
+            config=config,
+            engine=engine,
+            llm=llm or create_llm(config.llm),
+            asr=asr or create_asr(config.asr.backend),
+            metrics=GatewayMetrics(),
+            tts_warning=warning,
+        )
+        services.metrics.watch_engine(lambda: services.engine.stats)
+        return services
+
+    async def start(self) -> None:
+        await self.engine.start()
+
+    async def close(self) -> None:
+        for session in list(self.sessions.values()):
+            await session.close()
+        await self.engine.close()
+        aclose = getattr(self.llm, "aclose", None)
+        if aclose is not None:
+            await aclose()
+        await self.asr.aclose()
+
+    def session_key(self, device_id: str | None) -> str:
+        if device_id:
+            return device_id
+        self._anonymous += 1
+        return f"anonymous-{self._anonymous}"
+
+    def health(self) -> dict[str, Any]:
+        engine = self.engine.health()
+        status = "degraded" if self.tts_warning else "ok"
+        return {
+            "status": status,
+            "sessions": len(self.sessions),
+            "tts": {**engine, "warning": self.tts_warning},
+            "llm": {"provider": self.config.llm.provider},
+            "asr": {"backend": self.asr.name},
+            "audio": {"output_sample_rate": self.config.audio.output_sample_rate},
+        }

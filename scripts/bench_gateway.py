@@ -1,0 +1,206 @@
+"""Gateway benchmark: N simulated devices running typed-text turns.
+
+    python scripts/bench_gateway.py --devices 100 --backend fake
+    python scripts/bench_gateway.py --devices 1,10,50 --backend espeak --turns 2
+
+Starts the server in its own process (so its CPU time can be read from /proc),
+connects N devices, each sending typed queries (`listen detect`) and
+receiving the paced reply, and prints per concurrency: time from query to
+first audio frame (p50/p95), steady frame interval (mean) and gap p99,
+underruns as a device would see them (its playback queue ran dry mid-turn),
+and server CPU per device (percent of one core).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from scripts.device_sim import DeviceSimulator, Turn  # noqa: E402
+
+QUERIES = [
+    "Tell me something nice about the weather today, please.",
+    "今天天气不错，我们一起去公园散步吧，好不好？",
+    "What is the capital of France, and why is it famous?",
+]
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Stats:
+    first_audio: list[float] = field(default_factory=list)
+    intervals: list[float] = field(default_factory=list)
+    underruns: int = 0
+    turns: int = 0
+    failed: int = 0
+
+
+def device_underruns(turn: Turn, frame_s: float = 0.06) -> int:
+    """Times the device's playback queue ran dry before the turn's last frame."""
+    play_end = None
+    count = 0
+    for record in turn.frames:
+        if play_end is not None and record.t > play_end + 0.005:
+            count += 1
+        play_end = (record.t if play_end is None or record.t > play_end else play_end) + frame_s
+    return count
+
+
+async def run_device(url: str, index: int, turns: int, stats: Stats, start_at: float) -> None:
+    await asyncio.sleep(max(0.0, start_at - time.monotonic()))
+    sim = DeviceSimulator(url, decode=False)
+    try:
+        await sim.connect()
+        await sim.listen_start("auto")
+        for k in range(turns):
+            turn = await sim.ask(QUERIES[(index + k) % len(QUERIES)], timeout=120)
+            stats.turns += 1
+            if turn.first_audio_latency is not None:
+                stats.first_audio.append(turn.first_audio_latency)
+            stats.intervals.extend(turn.steady_intervals())
+            stats.underruns += device_underruns(turn)
+    except Exception as exc:  # a failed device is counted, the run goes on
+        stats.failed += 1
+        print(f"device {index}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    finally:
+        await sim.close()
+
+
+async def bench(url: str, pid: int, devices: int, turns: int, ramp_s: float) -> dict[str, float]:
+    stats = Stats()
+    t0 = time.monotonic()
+    cpu0 = cpu_seconds(pid)
+    starts = [t0 + ramp_s * i / max(devices, 1) for i in range(devices)]
+    async with asyncio.TaskGroup() as tg:
+        for i in range(devices):
+            tg.create_task(run_device(url, i, turns, stats, starts[i]))
+    wall = time.monotonic() - t0
+    cpu = cpu_seconds(pid) - cpu0
+    return {
+        "devices": devices,
+        "turns": stats.turns,
+        "failed": stats.failed,
+        "first_p50_ms": percentile(stats.first_audio, 50) * 1000,
+        "first_p95_ms": percentile(stats.first_audio, 95) * 1000,
+        "interval_mean_ms": statistics.mean(stats.intervals) * 1000 if stats.intervals else float("nan"),
+        "gap_p99_ms": percentile(stats.intervals, 99) * 1000,
+        "underruns": stats.underruns,
+        "cpu_pct_per_device": 100 * cpu / wall / max(devices, 1),
+        "server_cpu_pct": 100 * cpu / wall,
+    }
+
+
+@contextlib.contextmanager
+def server_process(backend: str, port: int, extra_env: dict[str, str]):
+    env = {**os.environ, "XZ_TTS__BACKEND": backend, "XZ_SERVER__LOG_LEVEL": "warning", **extra_env}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+    )
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+async def wait_ready(url: str, timeout: float = 60.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient() as client:
+        while True:
+            try:
+                if (await client.get(f"{url}/v1/health")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError("server did not start")
+            await asyncio.sleep(0.2)
+
+
+def print_table(backend: str, rows: list[dict[str, float]]) -> None:
+    cols = [
+        ("devices", "{:>7.0f}"),
+        ("turns", "{:>6.0f}"),
+        ("failed", "{:>6.0f}"),
+        ("first_p50_ms", "{:>12.1f}"),
+        ("first_p95_ms", "{:>12.1f}"),
+        ("interval_mean_ms", "{:>16.2f}"),
+        ("gap_p99_ms", "{:>10.1f}"),
+        ("underruns", "{:>9.0f}"),
+        ("cpu_pct_per_device", "{:>18.2f}"),
+    ]
+    print(f"\nbackend: {backend}")
+    print(" ".join(f"{name:>{len(fmt.format(0))}}" for name, fmt in cols))
+    for row in rows:
+        print(" ".join(fmt.format(row[name]) for name, fmt in cols))
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    for backend in args.backend.split(","):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        extra = (
+            {"XZ_AUDIO__OPUS_COMPLEXITY": str(args.opus_complexity)}
+            if args.opus_complexity is not None
+            else {}
+        )
+        with server_process(backend, port, extra) as proc:
+            await wait_ready(url)
+            rows = []
+            for n in (int(x) for x in args.devices.split(",")):
+                rows.append(await bench(url, proc.pid, n, args.turns, args.ramp))
+            print_table(backend, rows)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", default="1,10,100", help="comma-separated device counts")
+    parser.add_argument("--backend", default="fake", help="fake, espeak (comma-separated for both)")
+    parser.add_argument("--turns", type=int, default=3, help="turns per device")
+    parser.add_argument("--ramp", type=float, default=2.0, help="seconds over which devices connect")
+    parser.add_argument("--opus-complexity", type=int, default=None, help="override audio.opus_complexity")
+    return asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

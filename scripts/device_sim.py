@@ -1,0 +1,386 @@
+"""A Xiaozhi device simulator: OTA, hello, text or Opus speech, abort; records all.
+
+Used by the integration tests and the gateway benchmark, and runnable by hand:
+
+    python scripts/device_sim.py --url http://127.0.0.1:8000 --text "你好，今天天气怎么样？"
+
+It speaks the protocol through the same sans-I/O codec (device role) over a
+real WebSocket, records every downlink message and frame with its arrival
+time, decodes the audio, and prints per-turn figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import statistics
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import websockets
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from audio_codecs.opus import OpusDecoder, OpusEncoder  # noqa: E402
+from gateway.xiaozhi import (  # noqa: E402
+    Abort,
+    AudioIn,
+    AudioOut,
+    Hello,
+    Listen,
+    ListenMode,
+    ListenState,
+    LlmEmotion,
+    McpMessage,
+    Role,
+    ServerHello,
+    Stt,
+    TtsSentenceStart,
+    TtsStop,
+    XiaozhiConnection,
+)
+
+
+@dataclass
+class Record:
+    t: float  # monotonic arrival time
+    event: Any
+
+
+@dataclass
+class Turn:
+    """Everything the device received between the query and `tts stop`."""
+
+    t_query: float
+    records: list[Record] = field(default_factory=list)
+    sample_rate: int = 16000
+    audio: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int16))
+
+    @property
+    def events(self) -> list[Any]:
+        return [r.event for r in self.records]
+
+    @property
+    def frames(self) -> list[Record]:
+        return [r for r in self.records if isinstance(r.event, AudioOut)]
+
+    @property
+    def stt(self) -> str | None:
+        return next((e.text for e in self.events if isinstance(e, Stt)), None)
+
+    @property
+    def sentences(self) -> list[str]:
+        return [e.text for e in self.events if isinstance(e, TtsSentenceStart)]
+
+    @property
+    def emotions(self) -> list[str]:
+        return [e.emotion for e in self.events if isinstance(e, LlmEmotion)]
+
+    def time_of(self, kind: type) -> float | None:
+        return next((r.t for r in self.records if isinstance(r.event, kind)), None)
+
+    @property
+    def first_audio_latency(self) -> float | None:
+        frames = self.frames
+        return frames[0].t - self.t_query if frames else None
+
+    @property
+    def gaps(self) -> list[float]:
+        times = [r.t for r in self.frames]
+        return [b - a for a, b in zip(times, times[1:], strict=False)]
+
+    def steady_intervals(self, skip: int = 5) -> list[float]:
+        """Frame intervals after the pre-buffer burst."""
+        return self.gaps[skip:]
+
+    @property
+    def max_burst(self) -> int:
+        """Longest run of frames arriving less than 20 ms apart."""
+        best = run = 1 if self.frames else 0
+        for gap in self.gaps:
+            run = run + 1 if gap < 0.02 else 1
+            best = max(best, run)
+        return best
+
+    def summary(self) -> dict[str, Any]:
+        gaps = self.steady_intervals()
+        return {
+            "stt": self.stt,
+            "sentences": len(self.sentences),
+            "frames": len(self.frames),
+            "audio_s": round(self.audio.size / self.sample_rate, 3),
+            "first_audio_ms": None
+            if self.first_audio_latency is None
+            else round(self.first_audio_latency * 1000, 1),
+            "mean_interval_ms": round(statistics.mean(gaps) * 1000, 2) if gaps else None,
+            "max_gap_ms": round(max(gaps) * 1000, 1) if gaps else None,
+            "max_burst": self.max_burst,
+        }
+
+
+class DeviceSimulator:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        device_id: str | None = None,
+        client_id: str | None = None,
+        protocol_version: int = 1,
+        token: str | None = None,
+        mcp_tools: list[dict[str, Any]] | None = None,
+        mcp_page_size: int = 2,
+        ws_url: str | None = None,
+        use_query_identity: bool = False,
+        decode: bool = True,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.device_id = device_id or "02:00:00:" + ":".join(f"{b:02x}" for b in uuid.uuid4().bytes[:3])
+        self.client_id = client_id or str(uuid.uuid4())
+        self.protocol_version = protocol_version
+        self.token = token
+        self.mcp_tools = mcp_tools
+        self.mcp_page_size = mcp_page_size
+        self.ws_url = ws_url
+        self.use_query_identity = use_query_identity
+        self.decode = decode
+        self.conn = XiaozhiConnection(Role.DEVICE, binary_version=protocol_version)
+        self.records: list[Record] = []
+        self.raw_frames: list[bytes] = []
+        self.mcp_requests: list[dict[str, Any]] = []
+        self.server_hello: ServerHello | None = None
+        self.closed = asyncio.Event()
+        self._ws: Any = None
+        self._inbox: asyncio.Queue[Record] = asyncio.Queue()
+        self._reader: asyncio.Task[None] | None = None
+        self._decoder: OpusDecoder | None = None
+
+    # ---- connection ----------------------------------------------------------
+
+    async def ota(self) -> dict[str, Any]:
+        body = {
+            "version": 2,
+            "language": "zh-CN",
+            "mac_address": self.device_id,
+            "uuid": self.client_id,
+            "minimum_free_heap_size": "8200000",
+            "application": {"name": "xiaozhi", "version": "2.4.2"},
+            "board": {"type": "bread-compact-wifi", "name": "sim"},
+        }
+        headers = {
+            "Device-Id": self.device_id,
+            "Client-Id": self.client_id,
+            "Activation-Version": "1",
+            "User-Agent": "bread-compact-wifi/2.4.2",
+            "Accept-Language": "zh-CN",
+        }
+        async with httpx.AsyncClient(timeout=10) as client:
+            reply = await client.post(f"{self.base_url}/xiaozhi/ota/", json=body, headers=headers)
+        reply.raise_for_status()
+        data = reply.json()
+        self.ws_url = self.ws_url or data["websocket"]["url"]
+        return data
+
+    async def connect(self, *, features: dict[str, Any] | None = None, timeout: float = 10.0) -> ServerHello:
+        url = self.ws_url or self.base_url.replace("http", "ws", 1) + "/xiaozhi/v1/"
+        headers = {"Protocol-Version": str(self.protocol_version)}
+        if self.use_query_identity:
+            sep = "&" if "?" in url else "?"
+            url += f"{sep}device-id={self.device_id}&client-id={self.client_id}"
+            if self.token:
+                url += f"&authorization=Bearer%20{self.token}"
+        else:
+            headers.update({"Device-Id": self.device_id, "Client-Id": self.client_id})
+            if self.token:
+                headers["Authorization"] = f"Bearer {self.token}"
+        self._ws = await websockets.connect(
+            url, additional_headers=headers, compression=None, ping_interval=None, max_size=1 << 20
+        )
+        self._reader = asyncio.create_task(self._read())
+        if features is None:
+            features = {"mcp": self.mcp_tools is not None}
+        await self.send(
+            Hello(
+                version=self.protocol_version,
+                transport="websocket",
+                features=features,
+            )
+        )
+        record = await self.next_event(ServerHello, timeout=timeout)
+        self.server_hello = record.event
+        self.conn.session_id = self.server_hello.session_id
+        self._decoder = OpusDecoder(self.server_hello.audio_params.sample_rate)
+        return self.server_hello
+
+    async def close(self) -> None:
+        if self._ws is not None:
+            await self._ws.close()
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+
+    async def __aenter__(self) -> DeviceSimulator:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ---- sending -----------------------------------------------------------
+
+    async def send(self, event: Any) -> None:
+        await self._ws.send(self.conn.send(event))
+
+    async def send_raw(self, data: str | bytes) -> None:
+        await self._ws.send(data)
+
+    async def listen_start(self, mode: str = "auto") -> None:
+        await self.send(Listen(state=ListenState.START, mode=ListenMode(mode)))
+
+    async def listen_stop(self) -> None:
+        await self.send(Listen(state=ListenState.STOP))
+
+    async def detect(self, text: str) -> float:
+        t = time.monotonic()
+        await self.send(Listen(state=ListenState.DETECT, text=text))
+        return t
+
+    async def abort(self, reason: str | None = None) -> float:
+        t = time.monotonic()
+        await self.send(Abort(reason=reason))
+        return t
+
+    async def send_speech(self, pcm16k: np.ndarray, *, realtime: bool = False) -> int:
+        """Opus-encodes 16 kHz PCM in 60 ms frames and sends them; returns the frame count."""
+        encoder = OpusEncoder(16000, 60)
+        packets = encoder.encode(pcm16k.astype(np.int16)) + encoder.flush()
+        t0 = time.monotonic()
+        for i, packet in enumerate(packets):
+            if realtime:
+                delay = t0 + i * 0.06 - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            await self.send(AudioIn(opus=packet))
+        return len(packets)
+
+    # ---- receiving ---------------------------------------------------------
+
+    async def _read(self) -> None:
+        try:
+            async for message in self._ws:
+                t = time.monotonic()
+                if isinstance(message, bytes):
+                    self.raw_frames.append(message)
+                    event: Any = self.conn.receive_binary(message)
+                    event = AudioOut(opus=event.opus, timestamp_ms=event.timestamp_ms)
+                else:
+                    event = self.conn.receive_text(message)
+                    if isinstance(event, McpMessage):
+                        await self._answer_mcp(event.payload)
+                record = Record(t, event)
+                self.records.append(record)
+                self._inbox.put_nowait(record)
+        except websockets.ConnectionClosed:
+            pass
+        finally:
+            self.closed.set()
+
+    async def _answer_mcp(self, payload: dict[str, Any]) -> None:
+        self.mcp_requests.append(payload)
+        if self.mcp_tools is None or "id" not in payload:
+            return
+        method = payload.get("method")
+        if method == "initialize":
+            result: dict[str, Any] = {
+                "protocolVersion": "2024-11-05",
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "sim", "version": "2.4.2"},
+            }
+        elif method == "tools/list":
+            names = [t["name"] for t in self.mcp_tools]
+            cursor = (payload.get("params") or {}).get("cursor")
+            start = names.index(cursor) if cursor in names else 0
+            page = self.mcp_tools[start : start + self.mcp_page_size]
+            nxt = names[start + self.mcp_page_size] if start + self.mcp_page_size < len(names) else ""
+            result = {"tools": page, "nextCursor": nxt}
+        else:
+            reply = {"jsonrpc": "2.0", "id": payload["id"], "error": {"message": f"Unknown method: {method}"}}
+            await self.send(McpMessage(payload=reply))
+            return
+        await self.send(McpMessage(payload={"jsonrpc": "2.0", "id": payload["id"], "result": result}))
+
+    async def next_event(self, kind: type | tuple[type, ...] = object, *, timeout: float = 10.0) -> Record:
+        """The next received record whose event is of `kind` (others are skipped)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no {kind} within {timeout} s")
+            record = await asyncio.wait_for(self._inbox.get(), remaining)
+            if isinstance(record.event, kind):
+                return record
+
+    def drain(self) -> list[Record]:
+        out = []
+        while not self._inbox.empty():
+            out.append(self._inbox.get_nowait())
+        return out
+
+    async def collect_turn(self, t_query: float, *, timeout: float = 30.0) -> Turn:
+        """Records until `tts stop`, decoding the audio frames."""
+        turn = Turn(t_query=t_query, sample_rate=self._decoder_rate())
+        deadline = time.monotonic() + timeout
+        pcm: list[np.ndarray] = []
+        while True:
+            record = await self.next_event(timeout=max(deadline - time.monotonic(), 0.001))
+            turn.records.append(record)
+            if isinstance(record.event, AudioOut) and self.decode and self._decoder is not None:
+                pcm.append(self._decoder.decode(record.event.opus))
+            if isinstance(record.event, TtsStop):
+                break
+        if pcm:
+            turn.audio = np.concatenate(pcm)
+        return turn
+
+    def _decoder_rate(self) -> int:
+        return self.server_hello.audio_params.sample_rate if self.server_hello else 16000
+
+    async def ask(self, text: str, *, timeout: float = 30.0) -> Turn:
+        """Types `text` (listen detect) and waits for the whole reply turn."""
+        t = await self.detect(text)
+        return await self.collect_turn(t, timeout=timeout)
+
+
+async def _main(args: argparse.Namespace) -> int:
+    sim = DeviceSimulator(args.url, protocol_version=args.protocol_version)
+    ota = await sim.ota()
+    print("OTA:", json.dumps(ota, ensure_ascii=False))
+    hello = await sim.connect()
+    print("hello:", hello)
+    await sim.listen_start("auto")
+    for text in args.text or ["你好，今天天气怎么样？"]:
+        turn = await sim.ask(text)
+        print(json.dumps(turn.summary(), ensure_ascii=False))
+        if args.save_wav:
+            from audio_codecs.wav import wav_bytes
+
+            Path(args.save_wav).write_bytes(wav_bytes(turn.audio, turn.sample_rate))
+    await sim.close()
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--text", action="append", help="typed query (repeatable)")
+    parser.add_argument("--protocol-version", type=int, default=1, choices=(1, 2, 3))
+    parser.add_argument("--save-wav", help="write the last turn's decoded audio here")
+    sys.exit(asyncio.run(_main(parser.parse_args())))

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing (scripts/setup.sh), lints, runs pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+bash scripts/setup.sh
+"$PY" -m ruff check .
+"$PY" -m pytest -q "$@"

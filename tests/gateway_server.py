@@ -1,0 +1,86 @@
+"""A real gateway (uvicorn) on a free loopback port, for integration tests.
+
+The server runs in its own thread with its own event loop, so the test's
+device clients and the server do not share a loop (arrival times measured by
+the clients are not delayed by server work, and vice versa).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import uvicorn
+
+from gateway.app import create_app
+from gateway.config import load_config
+from gateway.services import Services
+from tts_engine import TTSEngine
+from tts_engine.backends.base import Backend
+
+T = TypeVar("T")
+
+
+@dataclass
+class RunningGateway:
+    url: str
+    services: Services
+    loop: asyncio.AbstractEventLoop
+
+    @property
+    def ws_url(self) -> str:
+        return self.url.replace("http", "ws", 1) + "/xiaozhi/v1/"
+
+    async def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Runs a coroutine on the server's loop (for objects that live there)."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(
+    overrides: dict[str, Any] | None = None,
+    *,
+    backend: Backend | None = None,
+    llm: Any = None,
+    max_buffered_chunks: int = 8,
+) -> AsyncIterator[RunningGateway]:
+    config = load_config(environ={}, overrides=overrides or {})
+    engine = None
+    if backend is not None:
+        engine = TTSEngine(backend, max_buffered_chunks=max_buffered_chunks)
+    services = Services.build(config, engine=engine, llm=llm)
+    app = create_app(config, services=services)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)  # connections wait in the backlog until the server accepts
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level="warning",
+            ws="websockets-sansio",
+            ws_per_message_deflate=False,
+            ws_ping_interval=None,
+            ws_ping_timeout=None,
+            lifespan="on",
+        )
+    )
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(
+        target=loop.run_until_complete, args=(server.serve(sockets=[sock]),), name="gateway", daemon=True
+    )
+    thread.start()
+    try:
+        yield RunningGateway(url=f"http://127.0.0.1:{port}", services=services, loop=loop)
+    finally:
+        server.should_exit = True
+        await asyncio.to_thread(thread.join, 15)
+        sock.close()
+        if not thread.is_alive():
+            loop.close()

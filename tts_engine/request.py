@@ -1,0 +1,229 @@
+"""One synthesis request, seen from both sides of the thread boundary.
+
+``EngineRequest`` is the engine thread's state for a request; only the engine thread reads or changes it
+(after ``synthesize()`` hands it over through the inbox). ``SynthesisStream`` is the event loop's side:
+an async iterator of int16 chunks that the engine feeds through ``loop.call_soon_threadsafe``.
+``ChunkCredit`` is the one object both sides touch, and each of its two counters has a single writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import IntEnum
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import torch
+
+from tts_engine.backends.base import BackendStream
+from tts_engine.errors import EngineError
+from tts_engine.resample import StreamingResampler
+
+
+class RequestStatus(IntEnum):
+    WAITING = 0  # handed to the engine thread; its backend stream is not open yet
+    RUNNING = 1  # its backend stream is open and producing chunks
+    # Every status from here on means finished (see is_finished()).
+    FINISHED_STOPPED = 2  # the backend completed the utterance and the tail was delivered
+    FINISHED_ABORTED = 3  # abort(), aclose() or a cancelled consumer
+    FINISHED_FAILED = 4  # the backend raised for this request
+    FINISHED_CLOSED = 5  # the engine shut down first
+
+    def is_finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+
+class ChunkCredit:
+    """Backpressure across the thread boundary.
+
+    ``num_produced`` is written only by the engine thread (chunks handed to the loop), ``num_consumed``
+    only by the event loop (chunks the consumer took). Their difference is what sits undelivered.
+    """
+
+    __slots__ = ("num_produced", "num_consumed")
+
+    def __init__(self) -> None:
+        self.num_produced = 0
+        self.num_consumed = 0
+
+    def get_num_buffered(self) -> int:
+        return self.num_produced - self.num_consumed
+
+
+@dataclass(eq=False, slots=True, kw_only=True)
+class EngineRequest:
+    """The engine thread's state for one request."""
+
+    req_id: str
+    text: str
+    voice: str
+    speed: float
+    sample_rate: int  # the rate the consumer asked for; chunks are resampled to it
+    stream: SynthesisStream  # the loop side; only ever called through loop.call_soon_threadsafe
+    credit: ChunkCredit
+    status: RequestStatus = RequestStatus.WAITING
+    arrival_time: float = field(default_factory=time.monotonic)
+    backend_stream: BackendStream | None = None
+    resampler: StreamingResampler | None = None
+    num_chunks: int = 0  # chunks handed to the loop
+
+    def to_pcm(self, chunk: Any) -> np.ndarray:
+        """One backend chunk as int16 at the requested rate (empty while the resampler fills up)."""
+        if self.resampler is None:
+            raise EngineError(f"request {self.req_id} has no open stream")
+        return _to_int16(self.resampler.process(_as_float_tensor(chunk)))
+
+    def flush_pcm(self) -> np.ndarray:
+        """The resampler's tail as int16, once the backend has finished the utterance."""
+        if self.resampler is None:
+            raise EngineError(f"request {self.req_id} has no open stream")
+        return _to_int16(self.resampler.flush())
+
+
+class SynthesisStream:
+    """Async iterator of int16 mono ``np.ndarray`` chunks at ``sample_rate``, from ``TTSEngine.synthesize()``.
+
+    Read it with ``async for``. ``aclose()`` (or leaving ``async with``) aborts the request in the engine;
+    so does cancelling the task while it waits for the next chunk. A backend failure raises
+    ``SynthesisFailed`` after the chunks produced before it; ``engine.close()`` raises ``EngineClosed``.
+    An aborted stream ends quietly. Use it on the event loop the engine was started on, one reader at a time.
+    """
+
+    def __init__(
+        self,
+        req_id: str,
+        sample_rate: int,
+        *,
+        credit: ChunkCredit,
+        max_buffered_chunks: int,
+        on_resume: Callable[[], None],
+        on_abort: Callable[[str], None],
+        on_done: Callable[[SynthesisStream], None],
+    ) -> None:
+        self.req_id = req_id
+        self.sample_rate = sample_rate
+        self._credit = credit
+        self._max_buffered_chunks = max_buffered_chunks
+        self._on_resume = on_resume
+        self._on_abort = on_abort
+        self._on_done: Callable[[SynthesisStream], None] | None = on_done
+        self._chunks: deque[np.ndarray] = deque()
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self.is_finished = False
+        """No more chunks will arrive (the buffered ones can still be read)."""
+        self.is_aborted = False
+
+    @property
+    def num_buffered(self) -> int:
+        """Chunks received from the engine and not read yet."""
+        return len(self._chunks)
+
+    # -- called by the engine, on the event loop ---------------------------------------------------
+
+    def _push_chunk(self, chunk: np.ndarray) -> None:
+        if self.is_finished:
+            return  # aborted or closed meanwhile: its chunks are never delivered
+        self._chunks.append(chunk)
+        self._wake()
+
+    def _push_end(self, error: BaseException | None = None) -> None:
+        if self.is_finished:
+            return
+        self.is_finished = True
+        self._error = error
+        self._wake()
+        self._done()
+
+    # -- consumer API ------------------------------------------------------------------------------
+
+    def __aiter__(self) -> SynthesisStream:
+        return self
+
+    async def __anext__(self) -> np.ndarray:
+        while not self._chunks:
+            if self.is_finished:
+                error, self._error = self._error, None
+                if error is not None:
+                    raise error
+                raise StopAsyncIteration
+            if self._waiter is not None:
+                raise RuntimeError(f"another task is already reading stream {self.req_id}")
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            except asyncio.CancelledError:
+                self._abort()
+                raise
+            finally:
+                self._waiter = None
+        chunk = self._chunks.popleft()
+        credit = self._credit
+        credit.num_consumed += 1
+        if not self.is_finished and credit.get_num_buffered() == self._max_buffered_chunks - 1:
+            self._on_resume()  # the engine may have parked this request at the bound: wake it
+        return chunk
+
+    async def aclose(self) -> None:
+        """Abort the request in the engine and drop buffered chunks. Idempotent."""
+        self._abort()
+
+    async def __aenter__(self) -> SynthesisStream:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    def _abort(self) -> bool:
+        """End the stream now and tell the engine; False when it had already ended."""
+        self._chunks.clear()
+        if self.is_finished:
+            return False
+        self.is_finished = True
+        self.is_aborted = True
+        self._wake()
+        self._on_abort(self.req_id)
+        self._done()
+        return True
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _done(self) -> None:
+        on_done, self._on_done = self._on_done, None
+        if on_done is not None:
+            on_done(self)
+
+    def __repr__(self) -> str:
+        state = "aborted" if self.is_aborted else "finished" if self.is_finished else "open"
+        return f"<SynthesisStream {self.req_id} {self.sample_rate} Hz {state}, {len(self._chunks)} buffered>"
+
+
+def _as_float_tensor(chunk: Any) -> torch.Tensor:
+    """A backend chunk (1-D float ``np.ndarray``, or a torch tensor) as a float32 tensor."""
+    if isinstance(chunk, np.ndarray):
+        if not np.issubdtype(chunk.dtype, np.floating):
+            raise EngineError(f"backend chunk must be float PCM, got {chunk.dtype}")
+        tensor = torch.from_numpy(np.require(chunk, np.float32, ["C", "W"]))
+    elif isinstance(chunk, torch.Tensor) and chunk.is_floating_point():
+        tensor = chunk.to(torch.float32)
+    else:
+        raise EngineError(f"backend chunk must be a float np.ndarray, got {type(chunk).__name__}")
+    if tensor.ndim != 1:
+        raise EngineError(f"backend chunk must be 1-D, got shape {tuple(tensor.shape)}")
+    return tensor
+
+
+def _to_int16(audio: torch.Tensor) -> np.ndarray:
+    """Float PCM in [-1, 1] to int16: scale, round, clip (NaN becomes silence, infinities full scale)."""
+    samples = audio.detach().to("cpu", torch.float32).numpy()
+    samples = np.nan_to_num(samples, nan=0.0, posinf=1.0, neginf=-1.0)
+    return np.clip(np.rint(samples * 32767.0), -32768, 32767).astype(np.int16)

@@ -1,0 +1,223 @@
+"""Band-limited resampling on torch, offline and streaming, with identical results.
+
+Method: windowed-sinc polyphase interpolation. With ``up/down = new_sr/orig_sr`` reduced by
+their gcd, output sample ``n`` sits at input position ``p = n * down / up`` (zero phase: no
+group delay, output ``n`` is aligned with input time ``n / new_sr``) and is
+
+    y[n] = sum_k x[k] * h(p - k),   h(t) = 2 fc sinc(2 fc t) * kaiser(t / half_width)
+
+with cutoff ``fc = ROLLOFF * min(orig_sr, new_sr) / 2`` (in cycles per input sample:
+``ROLLOFF * min(up, down) / (2 * down)``), ``ZERO_CROSSINGS`` sinc zero crossings on each side
+and a Kaiser window (``KAISER_BETA``). Each phase's taps are normalised to sum to 1 (exact DC
+gain). Samples before the start and after the end of the signal are zeros.
+
+Length rule: a signal of ``T`` input samples gives ``ceil(T * new_sr / orig_sr)`` output
+samples, the outputs whose position ``p`` falls before the end of the input
+(``n * down < T * up``).
+
+Streaming: ``StreamingResampler.process()`` emits every output whose filter support is fully
+received; ``flush()`` emits the rest with zeros as the future. For any split of a signal into
+chunks, the concatenated outputs equal ``resample()`` of the whole signal (the same taps meet
+the same samples; only float rounding can differ).
+
+State per stream is small (a buffer of about one filter width of input plus two counters),
+so a batch of streams with the same rate pair can later share ``_Kernel`` and stack buffers.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["StreamingResampler", "output_length", "resample"]
+
+ROLLOFF = 0.95
+ZERO_CROSSINGS = 48
+KAISER_BETA = 6.0
+_MAX_PHASES = 4096  # up after gcd reduction; bounds the tap table
+_ROWS_PER_BLOCK = 1 << 22  # gathered elements per block, bounds temporary memory
+
+
+@dataclass(frozen=True, slots=True)
+class _Kernel:
+    """Polyphase taps of one rate pair: ``taps[r, j]`` weights input ``floor(n*down/up) - left + j``
+    for every output ``n`` with ``n % up == r``."""
+
+    up: int
+    down: int
+    left: int
+    taps: torch.Tensor  # (up, width)
+
+    @property
+    def width(self) -> int:
+        return self.taps.shape[1]
+
+    def first_input(self, n: int) -> int:
+        """Absolute index of the first input sample that output ``n`` uses."""
+        return n * self.down // self.up - self.left
+
+    def num_outputs_before(self, num_input: int) -> int:
+        """How many outputs have their position before input index ``num_input``."""
+        return max(0, -(-num_input * self.up // self.down))
+
+    def to(self, device: torch.device | str | None, dtype: torch.dtype) -> _Kernel:
+        return _Kernel(self.up, self.down, self.left, self.taps.to(device=device, dtype=dtype))
+
+
+def output_length(num_input: int, orig_sr: int, new_sr: int) -> int:
+    """Output samples for ``num_input`` input samples: ``ceil(num_input * new_sr / orig_sr)``."""
+    _check_rates(orig_sr, new_sr)
+    return -(-num_input * new_sr // orig_sr)
+
+
+def resample(x: torch.Tensor, orig_sr: int, new_sr: int) -> torch.Tensor:
+    """Resample the last dimension of a float tensor ([T] or [B, T]) from ``orig_sr`` to ``new_sr``."""
+    _check_rates(orig_sr, new_sr)
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.ndim < 1:
+        raise TypeError("resample needs a floating-point torch.Tensor with at least one dimension")
+    if orig_sr == new_sr:
+        return x.clone()
+    kernel = _design_kernel(*_reduced(orig_sr, new_sr)).to(x.device, x.dtype)
+    num_input = x.shape[-1]
+    num_output = kernel.num_outputs_before(num_input)
+    if num_output == 0:
+        return x.new_zeros((*x.shape[:-1], 0))
+    end = kernel.first_input(num_output - 1) + kernel.width  # one past the last input used
+    padded = torch.nn.functional.pad(x, (kernel.left, max(0, end - num_input)))
+    return _apply_kernel(kernel, padded, -kernel.left, 0, num_output)
+
+
+class StreamingResampler:
+    """Resample one stream chunk by chunk; outputs match ``resample()`` of the whole stream."""
+
+    def __init__(
+        self,
+        orig_sr: int,
+        new_sr: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        _check_rates(orig_sr, new_sr)
+        if not dtype.is_floating_point:
+            raise TypeError(f"StreamingResampler dtype must be floating point, got {dtype}")
+        self.orig_sr = orig_sr
+        self.new_sr = new_sr
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.dtype = dtype
+        self._kernel: _Kernel | None = None
+        if orig_sr != new_sr:
+            self._kernel = _design_kernel(*_reduced(orig_sr, new_sr)).to(self.device, dtype)
+        self.reset()
+
+    @property
+    def lookahead(self) -> int:
+        """Input samples needed beyond an output's position before it can be emitted."""
+        if self._kernel is None:
+            return 0
+        return self._kernel.width - self._kernel.left - 1
+
+    def reset(self) -> None:
+        """Forget the stream: the next ``process()`` starts a new one."""
+        left = self._kernel.left if self._kernel is not None else 0
+        self._buffer = torch.zeros(left, device=self.device, dtype=self.dtype)
+        self._buffer_start = -left  # absolute input index of _buffer[0]; before 0 are zeros
+        self._num_input = 0
+        self._num_output = 0
+
+    def process(self, x: torch.Tensor) -> torch.Tensor:
+        """Add a 1-D chunk; return every output sample whose filter support is now complete."""
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.ndim != 1:
+            raise TypeError("StreamingResampler.process needs a 1-D floating-point torch.Tensor")
+        x = x.to(device=self.device, dtype=self.dtype)
+        self._num_input += x.shape[0]
+        if self._kernel is None:
+            return x.clone()
+        self._buffer = torch.cat([self._buffer, x])
+        # Output n is ready once input first_input(n) + width - 1 has arrived.
+        kernel = self._kernel
+        last_first_input = self._num_input - kernel.width  # largest usable first_input(n)
+        num_ready = kernel.num_outputs_before(last_first_input + kernel.left + 1)
+        return self._emit(kernel, num_ready)
+
+    def flush(self) -> torch.Tensor:
+        """Emit the remaining outputs, taking the future as zeros, and reset for a new stream."""
+        out = self._buffer.new_zeros(0)
+        kernel = self._kernel
+        if kernel is not None:
+            num_total = kernel.num_outputs_before(self._num_input)
+            if num_total > self._num_output:
+                end = kernel.first_input(num_total - 1) + kernel.width
+                missing = end - (self._buffer_start + self._buffer.shape[0])
+                if missing > 0:
+                    self._buffer = torch.cat([self._buffer, self._buffer.new_zeros(missing)])
+                out = self._emit(kernel, num_total)
+        self.reset()
+        return out
+
+    def _emit(self, kernel: _Kernel, num_ready: int) -> torch.Tensor:
+        if num_ready <= self._num_output:
+            return self._buffer.new_zeros(0)
+        out = _apply_kernel(kernel, self._buffer, self._buffer_start, self._num_output, num_ready)
+        self._num_output = num_ready
+        keep_from = kernel.first_input(num_ready)  # the first input the next output needs
+        drop = min(max(0, keep_from - self._buffer_start), self._buffer.shape[0])
+        self._buffer = self._buffer[drop:]
+        self._buffer_start += drop
+        return out
+
+
+def _apply_kernel(
+    kernel: _Kernel, buffer: torch.Tensor, buffer_start: int, n_start: int, n_end: int
+) -> torch.Tensor:
+    """Outputs ``n_start..n_end-1`` from ``buffer`` ([..., T], holding inputs from ``buffer_start``)."""
+    windows = buffer.unfold(-1, kernel.width, 1)  # (..., T - width + 1, width), a view
+    batch = max(1, buffer[..., 0].numel())
+    block = max(1, _ROWS_PER_BLOCK // (kernel.width * batch))
+    pieces = []
+    for block_start in range(n_start, n_end, block):
+        n = torch.arange(block_start, min(n_end, block_start + block), device=buffer.device)
+        first = n * kernel.down // kernel.up - kernel.left - buffer_start  # (N,) row of each output
+        rows = windows[..., first, :]  # (..., N, width)
+        pieces.append((rows * kernel.taps[n % kernel.up]).sum(-1))  # (..., N)
+    return torch.cat(pieces, dim=-1)
+
+
+def _check_rates(orig_sr: int, new_sr: int) -> None:
+    for name, rate in (("orig_sr", orig_sr), ("new_sr", new_sr)):
+        if isinstance(rate, bool) or not isinstance(rate, int) or rate <= 0:
+            raise ValueError(f"{name} must be a positive int, got {rate!r}")
+    if orig_sr != new_sr:
+        up, _ = _reduced(orig_sr, new_sr)
+        if up > _MAX_PHASES:
+            raise ValueError(
+                f"rate pair {orig_sr}->{new_sr} needs {up} filter phases (limit {_MAX_PHASES}); "
+                "use rates with a larger common divisor"
+            )
+
+
+def _reduced(orig_sr: int, new_sr: int) -> tuple[int, int]:
+    gcd = math.gcd(orig_sr, new_sr)
+    return new_sr // gcd, orig_sr // gcd
+
+
+@functools.lru_cache(maxsize=32)
+def _design_kernel(up: int, down: int) -> _Kernel:
+    """Float64 CPU taps for the reduced ratio ``up/down`` (see the module docstring)."""
+    cutoff = ROLLOFF * min(up, down) / (2 * down)  # cycles per input sample
+    half_width = ZERO_CROSSINGS / (2 * cutoff)  # input samples on each side
+    left = math.ceil(half_width)
+    width = 2 * left + 2  # covers [p - half_width, p + half_width] for any fractional p
+    frac = (torch.arange(up, dtype=torch.float64) * down % up) / up  # (up,) fractional positions
+    t = frac[:, None] + left - torch.arange(width, dtype=torch.float64)[None, :]  # (up, width): p - k
+    inside = t.abs() <= half_width
+    ratio = (t / half_width).clamp(-1.0, 1.0)
+    window = torch.special.i0(KAISER_BETA * torch.sqrt(1.0 - ratio**2)) / torch.special.i0(
+        torch.tensor(KAISER_BETA, dtype=torch.float64)
+    )
+    taps = torch.where(inside, 2 * cutoff * torch.sinc(2 * cutoff * t) * window, 0.0)
+    taps = taps / taps.sum(dim=1, keepdim=True)
+    return _Kernel(up=up, down=down, left=left, taps=taps)
