@@ -1,4 +1,4 @@
-"""Assembles the FastAPI app: device socket, OTA, health, metrics."""
+"""Assembles the FastAPI app: device socket, OTA, the TTS API (gateway/api), health, metrics."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway import device_socket, ota
+from gateway.api import include_api
 from gateway.config import Config
 from gateway.services import Services
 
@@ -41,9 +42,7 @@ def create_app(config: Config, *, services: Services | None = None) -> FastAPI:
     app.include_router(ota.router)
     app.include_router(device_socket.router)
 
-    @app.get("/v1/health")
-    async def health(request: Request) -> JSONResponse:
-        return JSONResponse(request.app.state.services.health())
+    include_api(app)  # /v1/health, /v1/tts..., /v1/audio/speech, /tts, /v1/voices, /ws/tts
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "config.yaml"
 ENV_PREFIX = "XZ_"
@@ -51,9 +51,9 @@ class AudioConfig(_Section):
     output_sample_rate: Literal[16000, 24000] = 16000
     frame_ms: Literal[60] = 60
     opus_bitrate: int = Field(24000, ge=6000, le=128000)
-    opus_complexity: int = Field(10, ge=0, le=10)
+    opus_complexity: int = Field(5, ge=0, le=10)
     prebuffer_frames: int = Field(5, ge=1, le=30)
-    start_gap_ms: int = Field(150, ge=0, le=2000)
+    start_gap_ms: int = Field(120, ge=0, le=2000)
     stop_margin_ms: int = Field(420, ge=0, le=5000)
     max_utterance_s: float = Field(60, gt=0, le=600)
 
@@ -91,13 +91,92 @@ class TTSConfig(_Section):
     backend: Literal["auto", "espeak", "fake", "cosyvoice"] = "auto"
     voice: str = "default"
     model_dir: str = "models/Fun-CosyVoice3-0.5B"
+    device: str = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    voices_dir: str = "voices"
     max_pending_requests: int = Field(256, ge=1)
     max_buffered_chunks: int = Field(8, ge=1)
+    cpu_threads: int = Field(0, ge=0, le=256)
+
+
+class VADConfig(_Section):
+    """Silero VAD endpointing (auto and realtime modes, barge-in)."""
+
+    threshold: float = Field(0.5, gt=0, lt=1)
+    threshold_low: float = Field(0.3, gt=0, lt=1)
+    min_speech_ms: int = Field(160, ge=0, le=5000)
+    min_silence_ms: int = Field(400, ge=32, le=10000)
+    pre_roll_ms: int = Field(300, ge=0, le=2000)
+    detect_mute_s: float = Field(2.0, ge=0, le=30)
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> VADConfig:
+        if self.threshold_low > self.threshold:
+            raise ValueError("threshold_low must be <= threshold")
+        return self
 
 
 class ASRConfig(_Section):
-    backend: Literal["none"] = "none"
+    backend: Literal["auto", "funasr", "none"] = "auto"
+    model: str = "iic/SenseVoiceSmall"
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    language: Literal["auto", "zh", "en", "yue", "ja", "ko"] = "auto"
+    use_itn: bool = True
+    download: bool = True
+    load_timeout_s: float = Field(900, gt=0)
+    on_load_failure: Literal["error", "not_configured"] = "error"
+    threads: int = Field(0, ge=0, le=256)
+    max_batch: int = Field(8, ge=1, le=256)
+    max_batch_audio_s: float = Field(120, gt=0)
+    max_queue: int = Field(64, ge=1)
+    min_utterance_s: float = Field(0.5, ge=0, le=10)
     not_configured_reply: str = "语音识别还没有配置，请直接输入文字。"
+    vad: VADConfig = Field(default_factory=VADConfig)
+
+
+class GPUConfig(_Section):
+    """One GPU memory plan per process, split between the TTS engine and ASR."""
+
+    memory_gib: float = Field(0, ge=0)
+    asr_memory_gib: float = Field(2.0, ge=0)
+
+    @model_validator(mode="after")
+    def _split(self) -> GPUConfig:
+        if self.memory_gib and self.asr_memory_gib >= self.memory_gib:
+            raise ValueError("asr_memory_gib must be smaller than memory_gib")
+        return self
+
+    @property
+    def tts_memory_gib(self) -> float | None:
+        """The TTS engine's share (None: no cap)."""
+        return self.memory_gib - self.asr_memory_gib if self.memory_gib else None
+
+
+OPENAI_VOICE_NAMES = (
+    "alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin", "nova", "onyx", "sage", "shimmer",
+    "verse",
+)  # fmt: skip
+
+
+class ApiConfig(_Section):
+    """The HTTP/WebSocket TTS API (gateway/api)."""
+
+    max_text_chars: int = Field(4096, ge=1, le=1_000_000)
+    max_prompt_seconds: float = Field(30, ge=1, le=30)  # the voice store takes 1..30 s prompts
+    max_prompt_bytes: int = Field(10 * 1024 * 1024, ge=1024, le=16 * 1024 * 1024)
+    api_keys: list[str] = Field(default_factory=list)
+    default_sample_rate: Literal[8000, 12000, 16000, 22050, 24000, 44100, 48000] = 24000
+    voice_aliases: dict[str, str] = Field(default_factory=lambda: dict.fromkeys(OPENAI_VOICE_NAMES, ""))
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, v: Any) -> Any:
+        """`XZ_API__API_KEYS=k1,k2` (a plain string) means two keys; empty entries are dropped."""
+        if isinstance(v, str):
+            v = v.split(",")
+        if isinstance(v, list):
+            return [str(k).strip() for k in v if str(k).strip()]
+        return v
 
 
 class Config(_Section):
@@ -109,6 +188,8 @@ class Config(_Section):
     segmenter: SegmenterConfig = Field(default_factory=SegmenterConfig)
     tts: TTSConfig = Field(default_factory=TTSConfig)
     asr: ASRConfig = Field(default_factory=ASRConfig)
+    gpu: GPUConfig = Field(default_factory=GPUConfig)
+    api: ApiConfig = Field(default_factory=ApiConfig)
 
     @field_validator("session")
     @classmethod

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from gateway.asr import ASR, create_asr
 from gateway.config import Config, LLMConfig, TTSConfig
@@ -16,7 +19,8 @@ from gateway.llm.echo import EchoLLM
 from gateway.llm.openai_chat import OpenAIChatLLM
 from gateway.metrics import GatewayMetrics
 from tts_engine import TTSEngine
-from tts_engine.backends import create_backend
+from tts_engine.backends import Backend, create_backend
+from tts_engine.voices import VoiceError, VoiceStore
 
 if TYPE_CHECKING:
     from gateway.session import Session
@@ -36,7 +40,7 @@ def choose_tts_backend(cfg: TTSConfig) -> TTSChoice:
         return TTSChoice("fake")
     model_dir = Path(cfg.model_dir)
     if cfg.backend in ("auto", "cosyvoice"):
-        if model_dir.is_dir():
+        if (model_dir / "cosyvoice3.yaml").is_file():
             try:
                 importlib.import_module("tts_engine.backends.cosyvoice")
                 return TTSChoice("cosyvoice")
@@ -48,6 +52,27 @@ def choose_tts_backend(cfg: TTSConfig) -> TTSChoice:
             raise RuntimeError(f"{reason}, and espeak-ng is not installed (apt-get install espeak-ng)")
         return TTSChoice("espeak", warning=f"using espeak-ng instead of CosyVoice: {reason}")
     return TTSChoice(cfg.backend)
+
+
+def create_tts_backend(name: str, cfg: TTSConfig) -> Backend:
+    """Build the chosen backend with its options from the `tts` section."""
+    if name != "cosyvoice":
+        return create_backend(name)
+    return create_backend(
+        "cosyvoice",
+        model_dir=cfg.model_dir,
+        device=cfg.device,
+        dtype=cfg.dtype,
+        voice_cache_dir=Path(cfg.voices_dir) / ".cache",
+        default_voice=cfg.voice,
+    )
+
+
+def set_cpu_threads(backend: str, configured: int) -> None:
+    """torch's intra-op threads: OpenMP workers spin, so tiny per-chunk ops (resampling) run
+    many times slower with several threads on a busy machine; only big CPU models gain."""
+    threads = configured or ((os.cpu_count() or 1) if backend == "cosyvoice" else 1)
+    torch.set_num_threads(threads)
 
 
 def create_llm(cfg: LLMConfig) -> ChatLLM:
@@ -70,6 +95,7 @@ class Services:
     asr: ASR
     metrics: GatewayMetrics
     tts_warning: str | None = None
+    voices: VoiceStore | None = None  # the voice presets (registered with engines that clone voices)
     sessions: dict[str, Session] = field(default_factory=dict)
     _anonymous: int = 0
 
@@ -88,8 +114,9 @@ class Services:
             warning = choice.warning
             if warning:
                 log.warning("!!! %s", warning)
+            set_cpu_threads(choice.backend, config.tts.cpu_threads)
             engine = TTSEngine(
-                create_backend(choice.backend),
+                create_tts_backend(choice.backend, config.tts),
                 max_pending_requests=config.tts.max_pending_requests,
                 max_buffered_chunks=config.tts.max_buffered_chunks,
             )
@@ -97,15 +124,35 @@ class Services:
             config=config,
             engine=engine,
             llm=llm or create_llm(config.llm),
-            asr=asr or create_asr(config.asr.backend),
+            asr=asr or create_asr(config.asr, config.gpu),
             metrics=GatewayMetrics(),
             tts_warning=warning,
+            voices=VoiceStore(config.tts.voices_dir),
         )
         services.metrics.watch_engine(lambda: services.engine.stats)
         return services
 
     async def start(self) -> None:
         await self.engine.start()
+        await self.register_voices()
+
+    async def register_voices(self) -> None:
+        """Load the voice presets and prepare each in the engine (backends that clone voices only)."""
+        if self.voices is None or not self.engine.supports_cloning:
+            return
+        for preset in self.voices.load():
+            try:
+                await self.engine.add_voice(preset)
+            except VoiceError as exc:
+                log.error("voice %r is not available: %s", preset.name, exc)
+        if self.config.tts.voice not in self.engine.voices:
+            log.warning(
+                "!!! the configured voice %r is not available (voices: %s); add %s/%s.yaml",
+                self.config.tts.voice,
+                ", ".join(self.engine.voices) or "none",
+                self.config.tts.voices_dir,
+                self.config.tts.voice,
+            )
 
     async def close(self) -> None:
         for session in list(self.sessions.values()):

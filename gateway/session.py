@@ -20,6 +20,7 @@ import numpy as np
 
 from audio_codecs.opus import OpusEncoder
 from gateway.asr import ASRError, ASRNotConfigured
+from gateway.listener import Listener, ListenEvent, UtteranceEnded, UtteranceStarted
 from gateway.llm.conversation import Conversation
 from gateway.mcp_client import DeviceMcpClient
 from gateway.pacer import Pacer
@@ -27,7 +28,6 @@ from gateway.reply import Reply, fixed_sentences
 from gateway.segmenter import SentenceSegmenter
 from gateway.services import Services
 from gateway.speaker import Speaker
-from gateway.uplink import UtteranceBuffer
 from gateway.xiaozhi import (
     Abort,
     AudioParams,
@@ -49,7 +49,6 @@ from gateway.xiaozhi import (
 log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 10.0
-MIN_UTTERANCE_S = 0.3
 
 
 class DeviceSocket(Protocol):
@@ -89,7 +88,7 @@ class Session:
             bitrate=cfg.audio.opus_bitrate,
             complexity=cfg.audio.opus_complexity,
         )
-        self.uplink = UtteranceBuffer(max_s=cfg.audio.max_utterance_s)
+        self.listener = Listener(cfg.asr.vad, max_utterance_s=cfg.audio.max_utterance_s)
         self.conversation = Conversation(cfg.llm.system_prompt, max_turns=cfg.llm.max_history_turns)
         self.mode = ListenMode.AUTO
         self.listening = False
@@ -98,6 +97,9 @@ class Session:
         self._hello_done = False
         self._seen_listen = False
         self._turn: asyncio.Task[None] | None = None
+        self._turn_lock = asyncio.Lock()
+        self._recognition: asyncio.Task[None] | None = None  # speech being recognised
+        self._recognising = np.zeros(0, np.int16)
         self._tg: asyncio.TaskGroup | None = None
         self._send_lock = asyncio.Lock()
         self._started = time.monotonic()
@@ -120,6 +122,7 @@ class Session:
                     await self._read_loop()
                 finally:
                     watchdog.cancel()
+                    self._cancel_recognition()
                     await self._cancel_turn()
                     if self.mcp:
                         self.mcp.cancel_all()
@@ -139,7 +142,7 @@ class Session:
             if message is None:
                 return
             if isinstance(message, bytes):
-                self._on_binary(message)
+                await self._on_binary(message)
             else:
                 await self._on_text(message)
 
@@ -187,7 +190,7 @@ class Session:
 
     # ---- receiving ---------------------------------------------------------
 
-    def _on_binary(self, data: bytes) -> None:
+    async def _on_binary(self, data: bytes) -> None:
         if not self._hello_done:
             return
         try:
@@ -198,10 +201,12 @@ class Session:
             return
         self.services.metrics.frames_received.inc()
         if self.listening and audio.opus:
-            before = self.uplink.dropped_samples
-            self.uplink.push(audio.opus)
-            if self.uplink.dropped_samples != before:
+            before = self.listener.dropped_samples
+            events = self.listener.push(audio.opus)
+            if self.listener.dropped_samples != before:
                 self.services.metrics.utterance_overflow.inc()
+            for event in events:
+                await self._on_speech(event)
 
     async def _on_text(self, text: str) -> None:
         try:
@@ -244,19 +249,21 @@ class Session:
         if listen.state == ListenState.START:
             if listen.mode is not None:
                 self.mode = listen.mode
-            self.uplink.reset()
+            self.listener.reset(endpointing=self.mode != ListenMode.MANUAL)
             self.listening = True
         elif listen.state == ListenState.STOP:
             self.listening = False
-            pcm = self.uplink.take()
-            if pcm.size >= MIN_UTTERANCE_S * 16000:
+            pcm = self.listener.take()
+            if pcm.size >= self.services.config.asr.min_utterance_s * 16000:
                 self._touch(voice=True)
-                await self._start_turn(self._speech_turn(pcm))
+                self._recognise(pcm)
         elif listen.state == ListenState.DETECT:
             await self._on_detect((listen.text or "").strip())
 
     async def _on_detect(self, text: str) -> None:
-        self.uplink.reset()
+        # The wake word's own audio (burst before `detect`, tail after it) is no query.
+        self._cancel_recognition()
+        self.listener.mute(self.services.config.asr.vad.detect_mute_s)
         if not text:
             return
         self._touch(voice=True)
@@ -276,11 +283,16 @@ class Session:
     # ---- turns -------------------------------------------------------------
 
     async def _start_turn(self, turn: Coroutine[Any, Any, None]) -> None:
-        await self._cancel_turn(aborted=True)
-        if self._tg is None or self._closing:
+        try:
+            async with self._turn_lock:  # the reader and a recognition may both start turns
+                await self._cancel_turn(aborted=True)
+                if self._tg is None or self._closing:
+                    turn.close()
+                    return
+                self._turn = self._tg.create_task(self._guard(turn, "turn"))
+        except asyncio.CancelledError:
             turn.close()
-            return
-        self._turn = self._tg.create_task(self._guard(turn, "turn"))
+            raise
 
     async def _cancel_turn(self, *, aborted: bool = False) -> bool:
         """Cancels the running turn (its finally sends `tts stop`); True if one ran."""
@@ -374,18 +386,54 @@ class Session:
                 self.conversation.add_turn(text, reply.text)
             await self._send(TtsStop())
 
-    async def _speech_turn(self, pcm: np.ndarray) -> None:
+    # ---- speech (listen modes, protocol §9 b-d) -------------------------------
+
+    async def _on_speech(self, event: ListenEvent) -> None:
+        if isinstance(event, UtteranceStarted):
+            self._touch(voice=True)
+            barge_in = self.mode == ListenMode.REALTIME and bool(self.features.get("aec"))
+            if barge_in and self._turn is not None and not self._turn.done():
+                await self._cancel_turn(aborted=True)  # with AEC: `tts stop` as soon as speech is heard
+        elif isinstance(event, UtteranceEnded):
+            self._touch(voice=True)
+            if event.speech_s >= self.services.config.asr.min_utterance_s:
+                self._recognise(event.pcm)
+
+    def _recognise(self, pcm: np.ndarray) -> None:
+        """Recognises an utterance in its own task; its text then starts the reply turn.
+
+        The playing reply goes on until then (without AEC a reply is only cut by
+        recognised speech). An utterance that ends while the previous one is still
+        being recognised continues it: both are recognised together.
+        """
+        if self._tg is None or self._closing:
+            return
+        if self._recognition is not None and not self._recognition.done():
+            self._recognition.cancel()
+            pcm = np.concatenate([self._recognising, pcm])
+        self._recognising = pcm
+        self._recognition = self._tg.create_task(self._guarded_recognition(pcm))
+
+    def _cancel_recognition(self) -> None:
+        if self._recognition is not None:
+            self._recognition.cancel()
+        self._recognition = None
+
+    async def _guarded_recognition(self, pcm: np.ndarray) -> None:
+        await self._guard(self._recognition_task(pcm), "asr")
+
+    async def _recognition_task(self, pcm: np.ndarray) -> None:
         try:
             text = (await self.services.asr.transcribe(pcm)).strip()
         except ASRNotConfigured:
             reply = self.services.config.asr.not_configured_reply
-            await self._spoken_turn(None, [reply], kind="notice")
+            await self._start_turn(self._spoken_turn(None, [reply], kind="notice"))
             return
         except ASRError as exc:
             log.warning("session %s: ASR failed: %s", self.session_id, exc)
             return
         if text:
-            await self._query_turn(text)
+            await self._start_turn(self._query_turn(text))
 
     async def _exit_turn(self, text: str) -> None:
         self.services.metrics.turns_total.labels("exit").inc()

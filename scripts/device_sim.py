@@ -319,14 +319,14 @@ class DeviceSimulator:
 
     async def next_event(self, kind: type | tuple[type, ...] = object, *, timeout: float = 10.0) -> Record:
         """The next received record whose event is of `kind` (others are skipped)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"no {kind} within {timeout} s")
-            record = await asyncio.wait_for(self._inbox.get(), remaining)
-            if isinstance(record.event, kind):
-                return record
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    record = await self._inbox.get()
+                    if isinstance(record.event, kind):
+                        return record
+        except TimeoutError:
+            raise TimeoutError(f"no {kind} within {timeout} s") from None
 
     def drain(self) -> list[Record]:
         out = []
@@ -337,15 +337,18 @@ class DeviceSimulator:
     async def collect_turn(self, t_query: float, *, timeout: float = 30.0) -> Turn:
         """Records until `tts stop`, decoding the audio frames."""
         turn = Turn(t_query=t_query, sample_rate=self._decoder_rate())
-        deadline = time.monotonic() + timeout
         pcm: list[np.ndarray] = []
-        while True:
-            record = await self.next_event(timeout=max(deadline - time.monotonic(), 0.001))
-            turn.records.append(record)
-            if isinstance(record.event, AudioOut) and self.decode and self._decoder is not None:
-                pcm.append(self._decoder.decode(record.event.opus))
-            if isinstance(record.event, TtsStop):
-                break
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    record = await self._inbox.get()
+                    turn.records.append(record)
+                    if isinstance(record.event, AudioOut) and self.decode and self._decoder is not None:
+                        pcm.append(self._decoder.decode(record.event.opus))
+                    if isinstance(record.event, TtsStop):
+                        break
+        except TimeoutError:
+            raise TimeoutError(f"turn did not end within {timeout} s") from None
         if pcm:
             turn.audio = np.concatenate(pcm)
         return turn

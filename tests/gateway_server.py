@@ -55,7 +55,8 @@ async def running_gateway(
         engine = TTSEngine(backend, max_buffered_chunks=max_buffered_chunks)
     services = Services.build(config, engine=engine, llm=llm)
     app = create_app(config, services=services)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # proto=IPPROTO_TCP so asyncio sets TCP_NODELAY on accepted connections (no Nagle delays)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)  # connections wait in the backlog until the server accepts

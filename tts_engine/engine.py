@@ -12,6 +12,10 @@ its consumer holds fewer than ``max_buffered_chunks`` unread chunks (backpressur
 the thread when it takes a chunk at that bound. Aborts that arrive during a step are applied before
 its output is handed out, so an aborted request's chunks are never delivered.
 
+Voices: ``add_voice()``/``remove_voice()`` (and the voice preparation of ``synthesize_zero_shot()``)
+run their backend call in the engine thread too, through the inbox as a ``_Call``, so they never race
+a step; ``voices``/``default_voice`` are refreshed from the backend after each such call.
+
 The scheduler here is deliberately simple (every runnable stream, least buffered first, up to the
 backend's ``max_batch_size``); a batching scheduler replaces ``_schedule()``/``_update_from_output()``.
 """
@@ -33,6 +37,7 @@ from tts_engine.backends.base import Backend
 from tts_engine.errors import EngineClosed, EngineError, EngineOverloaded, SynthesisFailed, UnknownVoice
 from tts_engine.request import ChunkCredit, EngineRequest, RequestStatus, SynthesisStream
 from tts_engine.resample import StreamingResampler
+from tts_engine.voices import PromptAudio, VoiceError, VoicePreset, decode_prompt_wav
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +55,14 @@ class _Abort:
     req_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """Run ``fn`` in the engine thread between steps; its outcome goes to ``future`` on the loop."""
+
+    fn: Callable[[], Any]
+    future: asyncio.Future[Any]
+
+
 class _Resume:
     """A consumer made room under the buffer bound; the command itself carries nothing."""
 
@@ -60,7 +73,8 @@ class _Shutdown:
 
 _RESUME = _Resume()
 _SHUTDOWN = _Shutdown()
-_Command = _NewRequest | _Abort | _Resume | _Shutdown
+_Command = _NewRequest | _Abort | _Call | _Resume | _Shutdown
+MAX_INSTRUCT_CHARS = 500
 
 
 class _LoopGone(Exception):
@@ -90,6 +104,7 @@ class TTSEngine:
         self._num_requests_total = 0
         self._num_requests_rejected = 0
         self._num_submitted = 0  # requests put in the inbox
+        self._calls: set[asyncio.Future[Any]] = set()  # _Call futures not resolved yet
         # Engine-thread side: only the engine thread writes these.
         self._requests: dict[str, EngineRequest] = {}  # every unfinished request by req_id
         self._waiting: list[EngineRequest] = []
@@ -123,6 +138,11 @@ class TTSEngine:
         return self._default_voice
 
     @property
+    def supports_cloning(self) -> bool:
+        """``add_voice()`` and ``synthesize_zero_shot()`` work with this backend."""
+        return self._backend.supports_cloning
+
+    @property
     def is_running(self) -> bool:
         return self._thread is not None and not self._is_closed
 
@@ -144,6 +164,7 @@ class TTSEngine:
             "sample_rate": self.sample_rate,
             "voices": self.voices,
             "default_voice": self.default_voice,
+            "supports_cloning": self.supports_cloning,
             "state": self._state(),
             "live_requests": stats["live"],
             "open_streams": len(self._streams),
@@ -195,16 +216,65 @@ class TTSEngine:
         sample_rate: int = 16000,
         req_id: str | None = None,
         speed: float = 1.0,
+        instruct: str | None = None,
     ) -> SynthesisStream:
-        """Queue ``text``; returns at once. Call on the engine's event loop."""
-        if self._is_closed:
-            raise EngineClosed("engine is closed")
-        if self._loop is None:
-            raise EngineError("engine not started; await engine.start() first")
+        """Queue ``text``; returns at once. Call on the engine's event loop.
+
+        ``instruct`` is a style instruction (CosyVoice instruct mode); backends without
+        ``supports_instruct`` (fake, espeak) ignore it.
+        """
+        self._check_open()
         _check_arguments(text, sample_rate, speed)
         voice = self._default_voice if voice is None else voice
         if voice not in self._voices:
             raise UnknownVoice(voice, self._voices)
+        return self._submit(text, voice, sample_rate, req_id, speed, _check_instruct(instruct))
+
+    def synthesize_zero_shot(
+        self,
+        text: str,
+        *,
+        prompt_wav: bytes,
+        prompt_text: str,
+        sample_rate: int = 16000,
+        speed: float = 1.0,
+        req_id: str | None = None,
+        instruct: str | None = None,
+    ) -> SynthesisStream:
+        """Like ``synthesize()`` in a voice cloned from ``prompt_wav`` (WAV bytes) and its transcript.
+
+        The recording is checked here (VoiceError) and its features are prepared in the engine thread
+        when the request starts; nothing is cached. Raises VoiceError when the backend cannot clone.
+        """
+        self._check_open()
+        _check_arguments(text, sample_rate, speed)
+        if not self._backend.supports_cloning:
+            raise VoiceError(f"backend {self.backend_name} cannot clone voices")
+        if not isinstance(prompt_text, str):
+            raise VoiceError(f"prompt_text must be a string, got {type(prompt_text).__name__}")
+        audio = decode_prompt_wav(prompt_wav)
+        return self._submit(
+            text, "", sample_rate, req_id, speed, _check_instruct(instruct), audio, prompt_text.strip()
+        )
+
+    def _check_open(self) -> asyncio.AbstractEventLoop:
+        if self._is_closed:
+            raise EngineClosed("engine is closed")
+        if self._loop is None:
+            raise EngineError("engine not started; await engine.start() first")
+        return self._loop
+
+    def _submit(
+        self,
+        text: str,
+        voice: str,
+        sample_rate: int,
+        req_id: str | None,
+        speed: float,
+        instruct: str | None,
+        prompt_audio: PromptAudio | None = None,
+        prompt_text: str = "",
+    ) -> SynthesisStream:
         if req_id is None:
             req_id = uuid.uuid4().hex
         elif not isinstance(req_id, str) or not req_id:
@@ -231,12 +301,45 @@ class TTSEngine:
             return stream
         request = EngineRequest(
             req_id=req_id, text=text, voice=voice, speed=float(speed), sample_rate=sample_rate,
-            stream=stream, credit=credit,
+            stream=stream, credit=credit, instruct=instruct, prompt_audio=prompt_audio, prompt_text=prompt_text,
         )  # fmt: skip
         self._streams[req_id] = stream
         self._num_submitted += 1
         self._inbox.put(_NewRequest(request))
         return stream
+
+    # -- voices --------------------------------------------------------------------------------------
+
+    async def add_voice(self, preset: VoicePreset) -> None:
+        """Prepare ``preset`` in the engine thread and offer it by name (VoiceError when it cannot clone)."""
+        if not self._backend.supports_cloning:
+            raise VoiceError(f"backend {self.backend_name} cannot clone voices")
+        await self._call(lambda: self._backend.add_voice(preset))
+
+    async def remove_voice(self, name: str) -> None:
+        """Stop offering a voice added with ``add_voice()``; requests already running keep it."""
+        if not self._backend.supports_cloning:
+            raise VoiceError(f"backend {self.backend_name} cannot clone voices")
+        await self._call(lambda: self._backend.remove_voice(name))
+
+    async def _call(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` in the engine thread between two steps and return its result (or raise its error)."""
+        future: asyncio.Future[Any] = self._check_open().create_future()
+        self._calls.add(future)
+        self._inbox.put(_Call(fn, future))
+        return await asyncio.shield(future)  # a cancelled caller leaves the call to finish in the thread
+
+    def _finish_call(self, outcome: tuple[asyncio.Future[Any], Any, BaseException | None, Any]) -> None:
+        future, result, error, voices = outcome
+        self._calls.discard(future)
+        if voices is not None:
+            self._voices, self._default_voice = voices
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
 
     def abort(self, req_id: str) -> bool:
         """Abort an open request; its stream ends quietly. False when no open stream has this id."""
@@ -260,6 +363,10 @@ class TTSEngine:
             error = EngineClosed(reason)
             error.__cause__ = cause
             stream._push_end(error)
+        for future in list(self._calls):
+            if not future.done():
+                future.set_exception(EngineClosed(reason))
+        self._calls.clear()
 
     def _on_thread_stopped(self, crash: BaseException | None) -> None:
         self._is_closed = True
@@ -313,10 +420,37 @@ class TTSEngine:
                 self._waiting.append(command.request)
             elif isinstance(command, _Abort):
                 self._finish_requests([command.req_id], RequestStatus.FINISHED_ABORTED)
+            elif isinstance(command, _Call):
+                self._run_call(command)
             try:
                 command = self._inbox.get_nowait()
             except queue.Empty:
                 return
+
+    def _run_call(self, call: _Call) -> None:
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            result = call.fn()
+        except Exception as exc:  # noqa: BLE001 - handed to the caller on the loop
+            error = exc
+        voices: Any = None
+        try:
+            voices = (list(self._backend.voices()), self._backend.default_voice)
+        except Exception:  # noqa: BLE001 - keep the old list
+            logger.exception("reading the voices of the %s backend failed", self.backend_name)
+        self._post(self._finish_call, (call.future, result, error, voices))
+
+    def _open_backend_stream(self, request: EngineRequest) -> Any:
+        backend = self._backend
+        instruct = request.instruct if backend.supports_instruct else None
+        if request.prompt_audio is not None:
+            return backend.open_zero_shot_stream(
+                request.text, request.prompt_audio, request.prompt_text, request.speed, instruct
+            )
+        if instruct is not None:
+            return backend.open_stream(request.text, request.voice, request.speed, instruct=instruct)
+        return backend.open_stream(request.text, request.voice, request.speed)
 
     def _step(self) -> None:
         """schedule -> backend -> drain aborts -> update."""
@@ -341,7 +475,7 @@ class TTSEngine:
         while self._waiting:
             request = self._waiting.pop(0)
             try:
-                request.backend_stream = self._backend.open_stream(request.text, request.voice, request.speed)
+                request.backend_stream = self._open_backend_stream(request)
                 request.resampler = StreamingResampler(self._backend.sample_rate, request.sample_rate)
             except Exception as exc:  # noqa: BLE001 - fails this request only
                 self._finish_requests([request.req_id], RequestStatus.FINISHED_FAILED, exc)
@@ -422,6 +556,16 @@ class TTSEngine:
             loop.call_soon_threadsafe(callback, arg)
         except RuntimeError as exc:  # the loop is closed
             raise _LoopGone from exc
+
+
+def _check_instruct(instruct: str | None) -> str | None:
+    if instruct is None:
+        return None
+    if not isinstance(instruct, str):
+        raise ValueError(f"instruct must be a string or None, got {type(instruct).__name__}")
+    if len(instruct) > MAX_INSTRUCT_CHARS:
+        raise ValueError(f"instruct is longer than {MAX_INSTRUCT_CHARS} characters")
+    return instruct.strip() or None
 
 
 def _check_arguments(text: str, sample_rate: int, speed: float) -> None:

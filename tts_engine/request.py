@@ -23,6 +23,7 @@ import torch
 from tts_engine.backends.base import BackendStream
 from tts_engine.errors import EngineError
 from tts_engine.resample import StreamingResampler
+from tts_engine.voices import PromptAudio
 
 
 class RequestStatus(IntEnum):
@@ -66,6 +67,9 @@ class EngineRequest:
     sample_rate: int  # the rate the consumer asked for; chunks are resampled to it
     stream: SynthesisStream  # the loop side; only ever called through loop.call_soon_threadsafe
     credit: ChunkCredit
+    instruct: str | None = None  # style instruction (backends with supports_instruct only)
+    prompt_audio: PromptAudio | None = None  # one-off zero-shot prompt recording (synthesize_zero_shot)
+    prompt_text: str = ""  # transcript of prompt_audio
     status: RequestStatus = RequestStatus.WAITING
     arrival_time: float = field(default_factory=time.monotonic)
     backend_stream: BackendStream | None = None

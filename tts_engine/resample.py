@@ -38,7 +38,6 @@ ROLLOFF = 0.95
 ZERO_CROSSINGS = 48
 KAISER_BETA = 6.0
 _MAX_PHASES = 4096  # up after gcd reduction; bounds the tap table
-_ROWS_PER_BLOCK = 1 << 22  # gathered elements per block, bounds temporary memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +49,7 @@ class _Kernel:
     down: int
     left: int
     taps: torch.Tensor  # (up, width)
+    poly: torch.Tensor  # (up, down, blocks): phase taps laid out over the input's polyphase channels
 
     @property
     def width(self) -> int:
@@ -64,7 +64,30 @@ class _Kernel:
         return max(0, -(-num_input * self.up // self.down))
 
     def to(self, device: torch.device | str | None, dtype: torch.dtype) -> _Kernel:
-        return _Kernel(self.up, self.down, self.left, self.taps.to(device=device, dtype=dtype))
+        return _Kernel(
+            self.up,
+            self.down,
+            self.left,
+            self.taps.to(device=device, dtype=dtype),
+            self.poly.to(device=device, dtype=dtype),
+        )
+
+
+def _poly_weight(taps: torch.Tensor, up: int, down: int) -> torch.Tensor:
+    """Weights for one stride-1 conv1d over the input split into ``down`` polyphase channels.
+
+    Output ``n = r + up*k`` reads inputs from ``k*down + r*down//up - left``. Laying phase ``r``'s
+    taps at offset ``r*down//up`` in a row of ``blocks*down`` (a multiple of ``down``) and folding
+    that row into ``(down, blocks)`` turns every phase into one output channel of a conv over
+    channels ``c`` = input index mod ``down``: far cheaper on CPU than a strided conv.
+    """
+    offsets = [r * down // up for r in range(up)]
+    width = taps.shape[1]
+    blocks = -(-(width + max(offsets)) // down)
+    row = taps.new_zeros(up, blocks * down)
+    for r, off in enumerate(offsets):
+        row[r, off : off + width] = taps[r]
+    return row.reshape(up, blocks, down).transpose(1, 2).contiguous()  # (up, down, blocks)
 
 
 def output_length(num_input: int, orig_sr: int, new_sr: int) -> int:
@@ -173,17 +196,25 @@ class StreamingResampler:
 def _apply_kernel(
     kernel: _Kernel, buffer: torch.Tensor, buffer_start: int, n_start: int, n_end: int
 ) -> torch.Tensor:
-    """Outputs ``n_start..n_end-1`` from ``buffer`` ([..., T], holding inputs from ``buffer_start``)."""
-    windows = buffer.unfold(-1, kernel.width, 1)  # (..., T - width + 1, width), a view
-    batch = max(1, buffer[..., 0].numel())
-    block = max(1, _ROWS_PER_BLOCK // (kernel.width * batch))
-    pieces = []
-    for block_start in range(n_start, n_end, block):
-        n = torch.arange(block_start, min(n_end, block_start + block), device=buffer.device)
-        first = n * kernel.down // kernel.up - kernel.left - buffer_start  # (N,) row of each output
-        rows = windows[..., first, :]  # (..., N, width)
-        pieces.append((rows * kernel.taps[n % kernel.up]).sum(-1))  # (..., N)
-    return torch.cat(pieces, dim=-1)
+    """Outputs ``n_start..n_end-1`` from ``buffer`` ([..., T], holding inputs from ``buffer_start``).
+
+    Whole blocks of ``up`` outputs are computed at once; outputs of a partial first or last block
+    are computed on zero padding and dropped, so only inputs the caller vouches for count.
+    """
+    up, down = kernel.up, kernel.down
+    blocks = kernel.poly.shape[-1]
+    k_start, k_end = n_start // up, -(-n_end // up)
+    num_k = k_end - k_start
+    begin = k_start * down - kernel.left - buffer_start  # buffer index of block k_start's first input
+    end = begin + (num_k + blocks - 1) * down
+    length = buffer.shape[-1]
+    segment = buffer[..., max(begin, 0) : min(end, length)]
+    segment = torch.nn.functional.pad(segment, (max(0, -begin), max(0, end - length)))
+    lead = segment.shape[:-1]
+    channels = segment.reshape(-1, num_k + blocks - 1, down).transpose(1, 2)  # (B, down, K + blocks - 1)
+    y = torch.nn.functional.conv1d(channels, kernel.poly)  # (B, up, K)
+    y = y.transpose(1, 2).reshape(*lead, -1)  # (..., K * up), in output order
+    return y[..., n_start - k_start * up : n_end - k_start * up]
 
 
 def _check_rates(orig_sr: int, new_sr: int) -> None:
@@ -220,4 +251,4 @@ def _design_kernel(up: int, down: int) -> _Kernel:
     )
     taps = torch.where(inside, 2 * cutoff * torch.sinc(2 * cutoff * t) * window, 0.0)
     taps = taps / taps.sum(dim=1, keepdim=True)
-    return _Kernel(up=up, down=down, left=left, taps=taps)
+    return _Kernel(up=up, down=down, left=left, taps=taps, poly=_poly_weight(taps, up, down))

@@ -1,5 +1,25 @@
-"""Speech recognition behind one small interface (VAD + FunASR arrive later)."""
+"""Speech recognition behind one small interface: VAD (vad.py) and FunASR (funasr_backend.py)."""
 
-from gateway.asr.base import ASR, ASRError, ASRNotConfigured, NotConfiguredASR, create_asr
+from gateway.asr.base import (
+    ASR,
+    ASRBusy,
+    ASRError,
+    ASRInputError,
+    ASRLoadError,
+    ASRModelMissing,
+    ASRNotConfigured,
+    NotConfiguredASR,
+    create_asr,
+)
 
-__all__ = ["ASR", "ASRError", "ASRNotConfigured", "NotConfiguredASR", "create_asr"]
+__all__ = [
+    "ASR",
+    "ASRBusy",
+    "ASRError",
+    "ASRInputError",
+    "ASRLoadError",
+    "ASRModelMissing",
+    "ASRNotConfigured",
+    "NotConfiguredASR",
+    "create_asr",
+]

@@ -7,13 +7,24 @@ A request is one ``BackendStream``: ``open_stream()`` must be cheap (start work,
 ``next_chunk()`` returns the next piece of audio or ``None`` when the utterance is complete.
 ``Backend.step()`` advances several streams by one chunk each. The default runs them one after the
 other; a batching backend overrides it to run them as one batch.
+
+Voices: ``voices()`` names the built-in ones. A backend that can clone (``supports_cloning``) also takes
+presets at run time through ``add_voice()``/``remove_voice()`` and one-off prompt recordings through
+``open_zero_shot_stream()``. ``instruct`` (a style instruction, CosyVoice's instruct mode) reaches
+``open_stream()`` only on backends with ``supports_instruct``; the others never see it and ignore it.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from tts_engine.voices import VoiceError
+
+if TYPE_CHECKING:
+    from tts_engine.voices import PromptAudio, VoicePreset
 
 
 class BackendStream(ABC):
@@ -35,14 +46,36 @@ class Backend(ABC):
     default_voice: str
     max_batch_size: int = 32
     """The most streams the engine passes to one ``step()`` call."""
+    supports_cloning: bool = False
+    """``add_voice()``, ``remove_voice()`` and ``open_zero_shot_stream()`` work."""
+    supports_instruct: bool = False
+    """``open_stream()`` takes ``instruct``; without it the engine drops the instruction."""
 
     @abstractmethod
     def voices(self) -> list[str]:
         """The voice names ``open_stream()`` accepts."""
 
     @abstractmethod
-    def open_stream(self, text: str, voice: str, speed: float) -> BackendStream:
-        """Start synthesising ``text``; cheap, called in the engine thread."""
+    def open_stream(self, text: str, voice: str, speed: float, instruct: str | None = None) -> BackendStream:
+        """Start synthesising ``text``; cheap, called in the engine thread.
+
+        ``instruct`` is passed only when ``supports_instruct`` is set (backends without it may keep the
+        three-argument signature).
+        """
+
+    def add_voice(self, preset: VoicePreset) -> None:
+        """Prepare ``preset`` (once; may read or write a feature cache) and offer it by name."""
+        raise VoiceError(f"backend {self.name} cannot clone voices")
+
+    def remove_voice(self, name: str) -> None:
+        """Stop offering a voice added by ``add_voice()``; streams already open keep working."""
+        raise VoiceError(f"backend {self.name} cannot clone voices")
+
+    def open_zero_shot_stream(
+        self, text: str, prompt: PromptAudio, prompt_text: str, speed: float, instruct: str | None = None
+    ) -> BackendStream:
+        """Like ``open_stream()`` with a one-off prompt recording (prepared here, not cached)."""
+        raise VoiceError(f"backend {self.name} cannot clone voices")
 
     def step(self, streams: list[BackendStream]) -> list[np.ndarray | None | BaseException]:
         """Advance each stream by one chunk.

@@ -1,0 +1,21 @@
+"""The HTTP/WebSocket TTS API: speech (files, streams, OpenAI, the incumbent's /tts), WS, voices, health.
+
+Every endpoint uses the one shared engine (``app.state.services.engine``); see ``speech``, ``ws_tts``,
+``voices`` and ``health`` for the routes, ``auth`` for the optional API keys and ``errors`` for the
+JSON error shape.
+"""
+
+from fastapi import FastAPI
+
+from gateway.api import health, speech, voices, ws_tts
+
+
+def include_api(app: FastAPI) -> None:
+    """Add every API route to ``app`` (before any catch-all WebSocket route)."""
+    app.include_router(health.router)
+    app.include_router(speech.router)
+    app.include_router(voices.router)
+    app.include_router(ws_tts.router)
+
+
+__all__ = ["include_api"]

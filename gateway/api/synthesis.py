@@ -1,0 +1,239 @@
+"""What every speech endpoint shares: checking a request, opening an engine stream, watching the client.
+
+Every request uses the one engine in ``request.app.state.services.engine``. A client that goes away
+aborts its engine request at once:
+
+- while the handler waits (the first chunk of a stream, or the whole audio of a file), a watcher on
+  the ASGI ``receive`` channel sees ``http.disconnect`` and cancels the wait, which aborts the stream;
+- while a streamed body is being sent, Starlette cancels the body on disconnect, and
+  ``EngineStreamingResponse`` aborts the engine stream however the response ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Mapping
+from typing import Any, TypeVar
+
+import numpy as np
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from audio_codecs.formats import StreamingEncoder, UnsupportedFormat, check_format
+from gateway.api.errors import ApiError, api_error
+from gateway.services import Services
+from tts_engine import SUPPORTED_SAMPLE_RATES, SynthesisStream
+from tts_engine.errors import EngineError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+CLIENT_GONE_STATUS = 499  # nginx's "client closed request"; nobody reads it
+
+
+class ClientGone(Exception):
+    """The client disconnected before the answer was ready."""
+
+
+def services_of(request: Request) -> Services:
+    return request.app.state.services
+
+
+def resolve_voice(services: Services, voice: str | None, *, param: str = "voice") -> str:
+    """A voice the engine offers: the name itself, else an alias (``api.voice_aliases``), else 400."""
+    engine = services.engine
+    if voice is None or voice == "":
+        return engine.default_voice
+    if voice in engine.voices:
+        return voice
+    aliases = services.config.api.voice_aliases
+    if voice in aliases:
+        target = aliases[voice] or engine.default_voice
+        if target in engine.voices:
+            return target
+        raise ApiError(400, f"voice {voice!r} is an alias of {target!r}, which is not loaded",
+                       code="unknown_voice", param=param)  # fmt: skip
+    raise ApiError(
+        400,
+        f"unknown voice {voice!r}; available: {', '.join(engine.voices)} (see GET /v1/voices)",
+        code="unknown_voice",
+        param=param,
+    )
+
+
+def check_text(services: Services, text: str, *, param: str = "text") -> str:
+    limit = services.config.api.max_text_chars
+    if not text.strip():
+        raise ApiError(400, f"{param} is empty", code="empty_text", param=param)
+    if len(text) > limit:
+        raise ApiError(
+            400,
+            f"{param} has {len(text)} characters; the limit is {limit} (api.max_text_chars)",
+            code="text_too_long",
+            param=param,
+        )
+    return text
+
+
+def check_sample_rate(services: Services, sample_rate: int | None, *, param: str = "sample_rate") -> int:
+    if sample_rate is None:
+        return services.config.api.default_sample_rate
+    if sample_rate not in SUPPORTED_SAMPLE_RATES:
+        rates = ", ".join(map(str, SUPPORTED_SAMPLE_RATES))
+        raise ApiError(400, f"unsupported sample_rate {sample_rate}; use one of {rates}",
+                       code="unsupported_sample_rate", param=param)  # fmt: skip
+    return sample_rate
+
+
+def check_audio_format(fmt: str, sample_rate: int, *, allowed: tuple[str, ...] | None = None,
+                       param: str = "format") -> None:  # fmt: skip
+    if allowed is not None and fmt not in allowed:
+        raise ApiError(400, f"unsupported format {fmt!r} here; use one of {', '.join(allowed)}",
+                       code="unsupported_format", param=param)  # fmt: skip
+    try:
+        check_format(fmt, sample_rate)
+    except UnsupportedFormat as exc:
+        raise ApiError(400, str(exc), code="unsupported_format", param=param) from exc
+
+
+def open_stream(
+    services: Services,
+    text: str,
+    *,
+    voice: str,
+    sample_rate: int,
+    speed: float,
+    instruct: str | None = None,
+) -> SynthesisStream:
+    """Queue ``text`` in the shared engine; engine errors become API errors."""
+    try:
+        return services.engine.synthesize(
+            text, voice=voice, sample_rate=sample_rate, speed=speed, instruct=instruct or None
+        )
+    except (EngineError, ValueError) as exc:
+        raise api_error(exc) from exc
+
+
+# -- waiting while watching the client -----------------------------------------------------------
+
+
+async def _wait_for_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """``await work``, unless the client disconnects first: then ``work`` is cancelled and ClientGone raised."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request.receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        raise ClientGone
+    return task.result()
+
+
+async def first_chunk(request: Request, stream: SynthesisStream) -> np.ndarray | None:
+    """The stream's first chunk (None: no audio), so errors before any audio still get a status code."""
+
+    async def take() -> np.ndarray | None:
+        async for chunk in stream:
+            return chunk
+        return None
+
+    try:
+        return await until_disconnect(request, take())
+    except BaseException as exc:
+        await stream.aclose()
+        if isinstance(exc, EngineError):
+            raise api_error(exc) from exc
+        raise
+
+
+async def collect_pcm(request: Request, stream: SynthesisStream) -> np.ndarray:
+    """All of the stream's audio as one int16 array."""
+
+    async def take_all() -> np.ndarray:
+        chunks = [chunk async for chunk in stream]
+        return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int16)
+
+    try:
+        return await until_disconnect(request, take_all())
+    except EngineError as exc:
+        raise api_error(exc) from exc
+    finally:
+        await stream.aclose()
+
+
+async def chunks_from(stream: SynthesisStream, first: np.ndarray | None) -> AsyncIterator[np.ndarray]:
+    """``first`` (already taken by ``first_chunk``), then the rest of the stream."""
+    if first is None:
+        return
+    yield first
+    async for chunk in stream:
+        yield chunk
+
+
+async def encoded_body(
+    stream: SynthesisStream, first: np.ndarray | None, encoder: StreamingEncoder
+) -> AsyncIterator[bytes]:
+    """The stream's audio through ``encoder``: header, frames as they are ready, then the tail."""
+    async for chunk in chunks_from(stream, first):
+        data = encoder.encode(chunk)
+        if data:
+            yield data
+    tail = encoder.finish()
+    if tail:
+        yield tail
+
+
+def client_gone_response() -> Response:
+    return Response(status_code=CLIENT_GONE_STATUS)
+
+
+class EngineStreamingResponse(StreamingResponse):
+    """A streamed body fed by an engine stream; the engine request is aborted however the response ends."""
+
+    def __init__(
+        self,
+        content: AsyncIterator[bytes | str],
+        *,
+        stream: SynthesisStream,
+        media_type: str,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(content, media_type=media_type, headers=headers)
+        self._engine_stream = stream
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except EngineError as exc:
+            # Headers are out: the only way to tell the client is an incomplete body (no final chunk).
+            log.warning("%s %s: stream failed mid-way: %s", scope.get("method"), scope.get("path"), exc)
+            raise
+        finally:
+            await self._engine_stream.aclose()
+            aclose: Any = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+def audio_headers(sample_rate: int, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Headers that tell raw-PCM clients what they get (harmless for containers)."""
+    return {
+        "X-Sample-Rate": str(sample_rate),
+        "X-Channels": "1",
+        "Cache-Control": "no-store",
+        **(extra or {}),
+    }

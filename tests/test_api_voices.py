@@ -1,0 +1,221 @@
+"""GET/POST/DELETE /v1/voices and POST /tts/zero_shot against a real loopback server."""
+
+from __future__ import annotations
+
+import struct
+import time
+
+import httpx
+import numpy as np
+import pytest
+import yaml
+
+from audio_codecs.formats import encode_audio
+from audio_codecs.wav import float_to_int16, read_wav
+from scripts.device_sim import DeviceSimulator
+from tests.api_helpers import CloningFakeBackend, dominant_hz, fake, prompt_wav, voice_hz
+from tests.gateway_server import running_gateway
+from tts_engine.voices import VoiceError
+
+TEXT = "今天天气很好，我们去公园玩吧"
+
+
+def voices_config(tmp_path, **api) -> dict:
+    return {"tts": {"voices_dir": str(tmp_path)}, "api": api}
+
+
+def upload(name: str = "alice", wav: bytes | None = None, **fields) -> dict:
+    data = {"name": name, "prompt_text": "希望你以后能够做的比我还好呦。", **fields}
+    return {
+        "data": data,
+        "files": {"prompt_wav": ("prompt.wav", prompt_wav() if wav is None else wav, "audio/wav")},
+    }
+
+
+async def test_list_voices_of_a_backend_without_cloning():
+    async with running_gateway(backend=fake(voices=("default", "bob"))) as gw, httpx.AsyncClient() as client:
+        listed = await client.get(f"{gw.url}/v1/voices")
+        added = await client.post(f"{gw.url}/v1/voices", **upload())
+        zero_shot = await client.post(f"{gw.url}/tts/zero_shot", data={"text": "hi", "prompt_text": "你好"},
+                                      files={"prompt_wav": ("p.wav", prompt_wav(), "audio/wav")})  # fmt: skip
+    body = listed.json()
+    assert [v["name"] for v in body["data"]] == ["default", "bob"]
+    assert body["default"] == "default" and body["supports_cloning"] is False
+    assert body["data"][0] == {**body["data"][0], "source": "builtin", "loaded": True, "default": True}
+    assert body["aliases"]["alloy"] == "default"
+    for reply in (added, zero_shot):
+        assert reply.status_code == 501 and reply.json()["error"]["code"] == "cloning_unsupported"
+
+
+async def test_added_voice_is_saved_prepared_and_usable_at_once(tmp_path):
+    backend = CloningFakeBackend()
+    async with running_gateway(voices_config(tmp_path), backend=backend) as gw, httpx.AsyncClient() as client:
+        added = await client.post(f"{gw.url}/v1/voices", **upload(description="test voice"))
+        listed = (await client.get(f"{gw.url}/v1/voices")).json()
+        speech = await client.post(f"{gw.url}/v1/tts", json={"text": TEXT, "voice": "alice"})
+    assert added.status_code == 201
+    assert added.json() == {**added.json(), "name": "alice", "source": "preset", "loaded": True,
+                            "description": "test voice", "prompt_text": "希望你以后能够做的比我还好呦。"}  # fmt: skip
+    preset = yaml.safe_load((tmp_path / "alice.yaml").read_text(encoding="utf-8"))
+    assert preset["name"] == "alice" and preset["prompt_wav"] == "alice.wav"
+    assert (tmp_path / "alice.wav").read_bytes() == prompt_wav()
+    assert [p.name for p in backend.added] == ["alice"]  # features prepared once, by the engine
+    assert "alice" in [v["name"] for v in listed["data"]]
+    samples, rate = read_wav(speech.content)
+    assert speech.status_code == 200 and abs(dominant_hz(samples, rate) - voice_hz(backend, "alice")) < 3
+
+
+async def test_presets_in_the_folder_are_loaded_at_startup(tmp_path):
+    (tmp_path / "carol.wav").write_bytes(prompt_wav())
+    (tmp_path / "carol.yaml").write_text(
+        "name: carol\nprompt_wav: carol.wav\nprompt_text: 你好\n", encoding="utf-8"
+    )
+    async with running_gateway(voices_config(tmp_path), backend=CloningFakeBackend()) as gw:
+        async with httpx.AsyncClient() as client:
+            listed = (await client.get(f"{gw.url}/v1/voices")).json()
+            speech = await client.post(f"{gw.url}/v1/tts", json={"text": TEXT, "voice": "carol"})
+    carol = next(v for v in listed["data"] if v["name"] == "carol")
+    assert carol["source"] == "preset" and carol["prompt_text"] == "你好" and speech.status_code == 200
+
+
+async def test_existing_names_conflict_unless_overwritten(tmp_path):
+    backend = CloningFakeBackend()
+    async with running_gateway(voices_config(tmp_path), backend=backend) as gw, httpx.AsyncClient() as client:
+        first = await client.post(f"{gw.url}/v1/voices", **upload())
+        again = await client.post(f"{gw.url}/v1/voices", **upload())
+        replaced = await client.post(f"{gw.url}/v1/voices", **upload(overwrite="true", prompt_text="新的"))
+        builtin = await client.post(f"{gw.url}/v1/voices", **upload(name="default"))
+    assert first.status_code == 201 and replaced.status_code == 201
+    assert again.status_code == 409 and again.json()["error"]["code"] == "voice_exists"
+    assert builtin.status_code == 409
+    assert yaml.safe_load((tmp_path / "alice.yaml").read_text(encoding="utf-8"))["prompt_text"] == "新的"
+
+
+def tone_wav(seconds: float, rate: int) -> bytes:
+    t = np.arange(int(seconds * rate)) / rate
+    return encode_audio(float_to_int16(0.3 * np.sin(2 * np.pi * 150 * t)), rate, "wav")
+
+
+@pytest.mark.parametrize(
+    ("fields", "wav", "status", "param"),
+    [
+        ({"name": "no spaces"}, None, 400, "name"),
+        ({"prompt_text": "  "}, None, 400, "prompt_text"),
+        ({}, tone_wav(2.5, 16000), 400, "prompt_wav"),  # longer than max_prompt_seconds (2 s here)
+        ({}, tone_wav(0.5, 16000), 400, None),  # shorter than the store's 1 s minimum
+        ({}, tone_wav(1.5, 8000), 400, None),  # below 16 kHz
+        ({}, b"this is not audio at all", 400, "prompt_wav"),
+        ({}, b"", 400, "prompt_wav"),
+        ({}, tone_wav(2.6, 48000), 413, "prompt_wav"),  # bigger than max_prompt_bytes (200 kB here)
+        ({}, tone_wav(1.9, 48000) * 4, 413, None),  # refused from its Content-Length, before parsing
+    ],
+)
+async def test_bad_uploads_are_refused_with_a_clear_message(tmp_path, fields, wav, status, param):
+    backend = CloningFakeBackend()
+    config = voices_config(tmp_path, max_prompt_seconds=2, max_prompt_bytes=200_000)
+    async with running_gateway(config, backend=backend) as gw, httpx.AsyncClient() as client:
+        reply = await client.post(f"{gw.url}/v1/voices", **upload(wav=wav, **{"name": "alice", **fields}))
+    assert reply.status_code == status and reply.json()["error"]["message"]
+    if param:
+        assert reply.json()["error"]["param"] == param
+    assert backend.added == [] and not list(tmp_path.glob("*.yaml"))
+
+
+class PickyBackend(CloningFakeBackend):
+    def add_voice(self, preset):
+        if preset.prompt_text == "坏":
+            raise VoiceError(f"voice {preset.name!r}: the model cannot use this prompt")
+        super().add_voice(preset)
+
+
+async def test_a_voice_the_engine_cannot_prepare_is_not_kept(tmp_path):
+    backend = PickyBackend()
+    async with running_gateway(voices_config(tmp_path), backend=backend) as gw, httpx.AsyncClient() as client:
+        refused = await client.post(f"{gw.url}/v1/voices", **upload(prompt_text="坏"))
+        listed = (await client.get(f"{gw.url}/v1/voices")).json()
+    assert refused.status_code == 400 and "cannot use this prompt" in refused.json()["error"]["message"]
+    assert "alice" not in [v["name"] for v in listed["data"]] and not list(tmp_path.iterdir())
+
+
+async def test_compressed_uploads_are_stored_as_wav(tmp_path):
+    mp3 = encode_audio(float_to_int16(0.3 * np.sin(2 * np.pi * 150 * np.arange(48000) / 24000)), 24000, "mp3")
+    async with running_gateway(voices_config(tmp_path), backend=CloningFakeBackend()) as gw:
+        async with httpx.AsyncClient() as client:
+            reply = await client.post(f"{gw.url}/v1/voices", **upload(wav=mp3))
+    assert reply.status_code == 201
+    samples, rate = read_wav((tmp_path / "alice.wav").read_bytes())
+    assert rate == 24000 and abs(samples.size / rate - 2.0) < 0.1
+
+
+async def test_delete_removes_the_voice_and_its_files(tmp_path):
+    backend = CloningFakeBackend()
+    async with running_gateway(voices_config(tmp_path), backend=backend) as gw, httpx.AsyncClient() as client:
+        await client.post(f"{gw.url}/v1/voices", **upload())
+        deleted = await client.delete(f"{gw.url}/v1/voices/alice")
+        listed = (await client.get(f"{gw.url}/v1/voices")).json()
+        speech = await client.post(f"{gw.url}/v1/tts", json={"text": TEXT, "voice": "alice"})
+        again = await client.delete(f"{gw.url}/v1/voices/alice")
+        builtin = await client.delete(f"{gw.url}/v1/voices/default")
+    assert deleted.status_code == 204 and deleted.content == b""
+    assert not (tmp_path / "alice.yaml").exists() and not (tmp_path / "alice.wav").exists()
+    assert "alice" not in [v["name"] for v in listed["data"]] and "alice" not in backend.voices()
+    assert speech.status_code == 400 and speech.json()["error"]["code"] == "unknown_voice"
+    assert again.status_code == 404 and builtin.status_code == 409
+
+
+async def test_a_voice_added_through_the_api_is_used_by_a_device_session_without_restart(tmp_path):
+    backend = CloningFakeBackend(ms_per_char=60.0)
+    config = {**voices_config(tmp_path), "tts": {"voices_dir": str(tmp_path), "voice": "narrator"}}
+    async with running_gateway(config, backend=backend) as gw:
+        sim = DeviceSimulator(gw.url)
+        await sim.connect()
+        async with httpx.AsyncClient() as client:
+            added = await client.post(f"{gw.url}/v1/voices", **upload(name="narrator"))
+        turn = await sim.ask("请用新的声音读这一句话，谢谢")
+        await sim.close()
+    assert added.status_code == 201
+    assert turn.audio is not None and turn.audio.size > turn.sample_rate  # over a second of speech
+    assert abs(dominant_hz(turn.audio, turn.sample_rate) - voice_hz(backend, "narrator")) < 3
+
+
+# ---- /tts/zero_shot ------------------------------------------------------------------------------
+
+
+async def test_zero_shot_streams_raw_pcm_in_a_one_off_voice(tmp_path):
+    backend = CloningFakeBackend()
+    files = {"prompt_wav": ("p.wav", prompt_wav(), "audio/wav")}
+    async with running_gateway(voices_config(tmp_path), backend=backend) as gw, httpx.AsyncClient() as client:
+        start = time.monotonic()
+        pcm = await client.post(
+            f"{gw.url}/tts/zero_shot", data={"text": TEXT, "prompt_text": "你好"}, files=files
+        )
+        elapsed = time.monotonic() - start
+        wav = await client.post(f"{gw.url}/tts/zero_shot", data={"text": TEXT, "format": "wav", "prompt_text": "你好",
+                                                                  "sample_rate": "16000"}, files=files)  # fmt: skip
+        listed = (await client.get(f"{gw.url}/v1/voices")).json()
+    assert pcm.status_code == 200 and pcm.headers["content-type"] == "audio/pcm" and elapsed < 5
+    assert len(pcm.content) == 2 * backend.num_samples_for(TEXT)
+    prompt, prompt_text = backend.zero_shot_prompts[0]
+    assert prompt_text == "你好" and prompt.sample_rate == 16000 and abs(prompt.seconds - 2.0) < 1e-3
+    assert wav.status_code == 200 and wav.headers["content-type"] == "audio/wav"
+    assert struct.unpack_from("<I", wav.content, 24)[0] == 16000
+    assert len(listed["data"]) == 1 and not list(tmp_path.glob("*.yaml"))  # nothing saved
+
+
+async def test_zero_shot_bad_requests(tmp_path):
+    files = {"prompt_wav": ("p.wav", prompt_wav(), "audio/wav")}
+    async with running_gateway(voices_config(tmp_path), backend=CloningFakeBackend()) as gw:
+        async with httpx.AsyncClient() as client:
+            no_text = await client.post(f"{gw.url}/tts/zero_shot", data={"prompt_text": "x"}, files=files)
+            no_transcript = await client.post(f"{gw.url}/tts/zero_shot", data={"text": "hi"}, files=files)
+            mp3 = await client.post(
+                f"{gw.url}/tts/zero_shot",
+                data={"text": "hi", "prompt_text": "x", "format": "mp3"},
+                files=files,
+            )
+            short = await client.post(f"{gw.url}/tts/zero_shot", data={"text": "hi", "prompt_text": "x"},
+                                      files={"prompt_wav": ("p.wav", tone_wav(0.3, 16000), "audio/wav")})  # fmt: skip
+    assert no_text.status_code == 400 and no_text.json()["error"]["param"] == "text"
+    assert no_transcript.status_code == 400 and no_transcript.json()["error"]["param"] == "prompt_text"
+    assert mp3.status_code == 400 and mp3.json()["error"]["param"] == "format"
+    assert short.status_code == 400 and "1..30 s" in short.json()["error"]["message"]

@@ -1,0 +1,411 @@
+"""CosyVoice3 backend: continuous-batched LLM plus batched token2wav, one scheduler step per ``step()``.
+
+One ``step(streams)`` call advances every given request by one scheduler step:
+
+1. LLM: requests already holding a KV cache slot decode one token together (``LLMRunner.decode_step``);
+   new requests are prefilled together while free slots last (the rest wait, producing nothing).
+   Requests join and leave between steps; a finished or aborted request frees its slot at once.
+2. The new speech tokens go to each request's token2wav stream (silent runs filtered).
+3. Every token2wav hop that is ready (25 -> 50 -> 100 tokens + 3 look-ahead, or the closing call) runs
+   in one batched flow + vocoder call (``Token2Wav.run``).
+
+Each request gets the audio its hop produced (float32, 24 kHz), an empty array while nothing is ready,
+``None`` once its last sample was delivered, or the exception that failed it. A batched call that
+raises is retried row by row where the rows' state allows it, so one bad request does not fail its
+neighbours.
+
+Voices come from presets (``add_voice``): the prompt recording is turned into a ``SpeakerRecord`` once
+and cached on disk (``voice_cache_dir``, safetensors), so a request costs no I/O. Modes per request:
+zero-shot (the preset's transcript + prompt speech tokens in the LLM prompt), instruct (an instruction
+from the request or the preset; the LLM sees no prompt speech) and cross-lingual (a preset without a
+transcript). The flow always gets the speaker's prompt tokens, mel and x-vector.
+
+``speed != 1`` follows upstream: that request is synthesised offline (full-attention flow once the LLM
+is done) and its mel is time-scaled by linear interpolation; its first audio comes later.
+
+Memory: the KV cache holds ``max_batch_size`` slots of ``max_llm_len`` positions (see
+``kv_cache_bytes``); issue 4 sizes both from a GPU budget through these two constructor arguments.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import secrets
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from cosyvoice.frontend.speaker import SpeakerError, SpeakerRecord
+from cosyvoice.llm import LLMInputError, LLMRequest, LLMRunner
+from cosyvoice.model import CosyVoice3, ModelFilesError
+from cosyvoice.text import TextError, prepare_tts_texts
+from cosyvoice.token2wav import HopJob, SpeakerPrompt
+from tts_engine.backends.base import Backend
+from tts_engine.backends.cosyvoice_request import CosyVoiceStream, Segment, SpeedScaledStream
+from tts_engine.errors import EngineError
+from tts_engine.voices import PromptAudio, VoiceError, VoicePreset, decode_prompt_wav, preset_cache_path
+
+__all__ = ["CosyVoiceBackend", "kv_cache_bytes"]
+
+log = logging.getLogger(__name__)
+
+SAMPLE_RATE = 24000
+DEFAULT_MAX_BATCH = 16
+DEFAULT_MAX_LLM_LEN = 4096
+DEFAULT_MAX_TEXT_CHARS = 2000
+
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16,
+}  # fmt: skip
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``None``/``"auto"``: CUDA when torch sees a GPU, else the CPU."""
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """``"auto"`` is float32 everywhere: the reduced-precision numerics are not checked against upstream."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be auto, {', '.join(_DTYPES)} or a torch.dtype, got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+def kv_cache_bytes(model: CosyVoice3, *, max_batch: int, max_len: int) -> int:
+    """Bytes of the LLM KV cache for ``max_batch`` slots of ``max_len`` positions (the memory seam)."""
+    cfg = model.llm.config
+    per_position = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim  # keys + values
+    element = model.llm.speech_embedding.weight.element_size()
+    return max_batch * (max_len + 1) * per_position * element
+
+
+def model_fingerprint(model: CosyVoice3) -> str:
+    """Identifies the files a prepared voice depends on (frontend ONNX models, tokenizer)."""
+    files = model.config.files
+    parts = []
+    for path in (
+        files.campplus,
+        files.speech_tokenizer,
+        files.blank_en / "vocab.json",
+        files.blank_en / "merges.txt",
+    ):
+        parts.append(f"{path.name}:{path.stat().st_size if path.is_file() else -1}")
+    return "cosyvoice3-speaker/1;" + ";".join(parts)
+
+
+class _Voice:
+    """A prepared voice: its speaker record and flow prompt, built once."""
+
+    def __init__(self, model: CosyVoice3, record: SpeakerRecord, instruct: str | None) -> None:
+        self.record = record
+        self.instruct = instruct
+        self.flow_prompt: SpeakerPrompt = model.speaker_prompt(record)
+
+
+class CosyVoiceBackend(Backend):
+    """CosyVoice3 (Fun-CosyVoice3-0.5B-2512) from an official model directory; 24 kHz output."""
+
+    name = "cosyvoice"
+    sample_rate = SAMPLE_RATE
+    supports_cloning = True
+    supports_instruct = True
+
+    def __init__(
+        self,
+        model_dir: str | Path | None = None,
+        *,
+        model: CosyVoice3 | None = None,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype = "auto",
+        use_rl_llm: bool = False,
+        max_batch_size: int = DEFAULT_MAX_BATCH,
+        max_llm_len: int = DEFAULT_MAX_LLM_LEN,
+        max_text_chars: int = DEFAULT_MAX_TEXT_CHARS,
+        seed: int | None = None,
+        voice_cache_dir: str | Path | None = None,
+        default_voice: str = "default",
+        max_segment_seconds: float | None = None,
+    ) -> None:
+        if max_batch_size < 1 or max_llm_len < 1 or max_text_chars < 1:
+            raise ValueError("max_batch_size, max_llm_len and max_text_chars must be >= 1")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ValueError(f"seed must be an int or None, got {seed!r}")
+        if model is None:
+            if model_dir is None:
+                raise ValueError("give model_dir (or an already loaded model)")
+            model = CosyVoice3.from_pretrained(
+                model_dir,
+                device=resolve_device(device),
+                dtype=resolve_dtype(dtype),
+                use_rl_llm=use_rl_llm,
+                max_seconds=max_segment_seconds,
+            )
+        self.model = model
+        self.fingerprint = model_fingerprint(model)
+        self.max_batch_size = max_batch_size
+        self.max_llm_len = max_llm_len
+        self.max_text_chars = max_text_chars
+        self.seed = seed
+        self.voice_cache_dir = None if voice_cache_dir is None else Path(voice_cache_dir)
+        self._preferred_voice = default_voice
+        self._voices: dict[str, _Voice] = {}
+        self._streams: set[int] = set()  # ids of open streams (debugging/metrics)
+        self.runner = LLMRunner(model.llm, max_batch=max_batch_size, max_len=max_llm_len)
+
+    # -- voices --------------------------------------------------------------------------------
+
+    def voices(self) -> list[str]:
+        return sorted(self._voices)
+
+    @property
+    def default_voice(self) -> str:  # type: ignore[override]
+        if self._preferred_voice in self._voices or not self._voices:
+            return self._preferred_voice
+        return min(self._voices)
+
+    def add_voice(self, preset: VoicePreset) -> None:
+        if preset.prompt_wav is None or not preset.prompt_text.strip():
+            raise VoiceError(f"voice {preset.name!r}: the cosyvoice backend needs prompt_wav and prompt_text")
+        cache = None
+        if self.voice_cache_dir is not None:
+            cache = preset_cache_path(preset, self.voice_cache_dir, key=self.fingerprint)
+        record = self._load_cached(cache)
+        if record is None:
+            try:
+                data = preset.prompt_wav.read_bytes()
+            except OSError as exc:
+                raise VoiceError(f"voice {preset.name!r}: cannot read {preset.prompt_wav}: {exc}") from exc
+            record = self._prepare(decode_prompt_wav(data, source=str(preset.prompt_wav)), preset.prompt_text)
+            if cache is not None:
+                _save_record(record, cache)
+        try:
+            self._voices[preset.name] = _Voice(self.model, record, preset.instruct)
+        except SpeakerError as exc:
+            raise VoiceError(f"voice {preset.name!r}: {exc}") from exc
+
+    def remove_voice(self, name: str) -> None:
+        if self._voices.pop(name, None) is None:
+            raise VoiceError(f"voice {name!r} is not loaded in the cosyvoice backend")
+
+    def _load_cached(self, path: Path | None) -> SpeakerRecord | None:
+        if path is None or not path.is_file():
+            return None
+        try:
+            return SpeakerRecord.load(path)
+        except SpeakerError as exc:
+            log.warning("ignoring a bad cached voice (%s); preparing it again", exc)
+            return None
+
+    def _prepare(self, audio: PromptAudio, transcript: str) -> SpeakerRecord:
+        wave = torch.from_numpy(audio.samples)  # [N]
+        try:
+            return self.model.prepare_speaker(wave, audio.sample_rate, transcript)
+        except (SpeakerError, ModelFilesError, ValueError) as exc:
+            raise VoiceError(f"cannot prepare the prompt recording: {exc}") from exc
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def open_stream(
+        self, text: str, voice: str, speed: float, instruct: str | None = None
+    ) -> CosyVoiceStream:
+        prepared = self._voices.get(voice)
+        if prepared is None:
+            raise VoiceError(f"unknown voice {voice!r}; loaded: {', '.join(self.voices()) or 'none'}")
+        return self._open(text, prepared, speed, instruct or prepared.instruct, voice)
+
+    def open_zero_shot_stream(
+        self, text: str, prompt: PromptAudio, prompt_text: str, speed: float, instruct: str | None = None
+    ) -> CosyVoiceStream:
+        try:
+            prepared = _Voice(self.model, self._prepare(prompt, prompt_text), None)
+        except SpeakerError as exc:
+            raise VoiceError(f"zero-shot prompt: {exc}") from exc
+        return self._open(text, prepared, speed, instruct, "zero-shot")
+
+    def _open(
+        self, text: str, voice: _Voice, speed: float, instruct: str | None, name: str
+    ) -> CosyVoiceStream:
+        if len(text) > self.max_text_chars:
+            raise ValueError(f"text is {len(text)} characters, the limit is {self.max_text_chars}")
+        if speed <= 0:
+            raise ValueError(f"speed must be positive, got {speed}")
+        model = self.model
+        pieces = [p for p in prepare_tts_texts(text.strip(), model.tokenizer.encode) if p.strip()]
+        mode = "instruct" if instruct else "zero_shot"
+        num_prompt = int(voice.flow_prompt.prompt_token.shape[0])
+        segments = []
+        for piece in pieces:
+            try:
+                prompt = model.build_llm_prompt(piece, voice.record, mode, instruct or None)
+                generator = torch.Generator(device="cpu").manual_seed(self._seed_for(piece, name, instruct))
+                llm = model.new_llm_request(prompt, generator=generator, num_prompt_tokens=num_prompt)
+            except (TextError, LLMInputError, SpeakerError) as exc:
+                raise ValueError(f"cannot synthesise {piece[:40]!r}: {exc}") from exc
+            self._fit_cache(llm)
+            t2w = model.token2wav
+            if speed == 1:
+                wave = t2w.stream(voice.flow_prompt)
+            else:
+                wave = SpeedScaledStream(t2w, voice.flow_prompt, speed=speed)
+            segments.append(Segment(piece, llm, wave))
+        stream = CosyVoiceStream(owner=self, segments=segments, on_close=self._close_stream, voice=name)
+        self._streams.add(id(stream))
+        return stream
+
+    def _seed_for(self, piece: str, voice: str, instruct: str | None) -> int:
+        """Per-segment sampling seed: from ``seed`` and the content (batch-independent), else random."""
+        if self.seed is None:
+            return secrets.randbits(63)
+        key = f"{self.seed}\0{voice}\0{instruct or ''}\0{piece}".encode()
+        return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") >> 1
+
+    def _fit_cache(self, llm: LLMRequest) -> None:
+        """Cap the generation length so the request fits one KV cache slot; refuse a prefix that cannot."""
+        room = self.max_llm_len - llm.num_prefix_tokens + 1
+        if room < 1:
+            raise ValueError(
+                f"text segment needs {llm.num_prefix_tokens} prompt positions; the KV cache holds "
+                f"{self.max_llm_len} per request (shorten the text or the voice's prompt)"
+            )
+        llm.max_len = min(llm.max_len, room)
+        llm.min_len = min(llm.min_len, llm.max_len)
+
+    def _close_stream(self, stream: CosyVoiceStream) -> None:
+        for segment in stream.segments:
+            if segment.llm.slot is not None or not segment.llm.finished:
+                self.runner.abort(segment.llm)
+        self._streams.discard(id(stream))
+
+    @property
+    def num_open_streams(self) -> int:
+        return len(self._streams)
+
+    # -- one scheduler step --------------------------------------------------------------------
+
+    def step(self, streams: Sequence[Any]) -> list[np.ndarray | None | BaseException]:
+        errors: dict[int, BaseException] = {}
+        mine: list[CosyVoiceStream] = []
+        for stream in streams:
+            if isinstance(stream, CosyVoiceStream) and stream.owner is self and not stream.closed:
+                mine.append(stream)
+            else:
+                errors[id(stream)] = EngineError("stream is closed or belongs to another backend")
+        self._llm_step(mine, errors)
+        jobs: list[tuple[CosyVoiceStream, HopJob]] = []
+        for stream in mine:
+            if id(stream) in errors:
+                continue
+            try:
+                stream.feed_tokens()
+                job = stream.next_job()
+            except Exception as exc:  # noqa: BLE001 - fails this request only
+                errors[id(stream)] = exc
+                continue
+            if job is not None:
+                jobs.append((stream, job))
+        chunks = self._wave_step(jobs, errors)
+        results: list[np.ndarray | None | BaseException] = []
+        for stream in streams:
+            error = errors.get(id(stream))
+            if error is not None:
+                results.append(error)
+                continue
+            try:
+                results.append(stream.take(chunks.get(id(stream))))
+            except Exception as exc:  # noqa: BLE001
+                results.append(exc)
+        return results
+
+    def _llm_step(self, streams: list[CosyVoiceStream], errors: dict[int, BaseException]) -> None:
+        decode: list[tuple[CosyVoiceStream, LLMRequest]] = []
+        prefill: list[tuple[CosyVoiceStream, LLMRequest]] = []
+        for stream in streams:
+            request = stream.llm_request()
+            if request is not None:
+                (prefill if request.slot is None else decode).append((stream, request))
+        self._run_llm(self.runner.decode_step, decode, errors)
+        self._run_llm(self.runner.prefill, prefill[: self.runner.num_free_slots], errors)
+
+    def _run_llm(
+        self, call: Any, items: list[tuple[CosyVoiceStream, LLMRequest]], errors: dict[int, BaseException]
+    ) -> None:
+        """One batched LLM call; on failure retry the rows it left untouched, one by one."""
+        if not items:
+            return
+        before = [self._llm_state(request) for _, request in items]
+        try:
+            call([request for _, request in items])
+            return
+        except Exception as exc:  # noqa: BLE001 - sorted out per row below
+            batch_error = exc
+        for (stream, request), state in zip(items, before, strict=True):
+            now = self._llm_state(request)
+            if now[:2] != state[:2]:
+                continue  # it got its token before the failure
+            if now != state or len(items) == 1:
+                errors[id(stream)] = batch_error  # its cache moved on without a token: cannot retry
+                continue
+            try:
+                call([request])
+            except Exception as exc:  # noqa: BLE001
+                errors[id(stream)] = exc
+
+    def _llm_state(self, request: LLMRequest) -> tuple[int, bool, int | None, int]:
+        slot = request.slot
+        length = self.runner.cache.length(slot) if slot is not None else -1
+        return len(request.out_tokens), request.finished, slot, length
+
+    def _wave_step(
+        self, jobs: list[tuple[CosyVoiceStream, HopJob]], errors: dict[int, BaseException]
+    ) -> dict[int, torch.Tensor]:
+        """All ready hops in one flow + vocoder batch; on failure retry the unchanged ones one by one."""
+        chunks: dict[int, torch.Tensor] = {}
+        if not jobs:
+            return chunks
+        t2w = self.model.token2wav
+        try:
+            for (stream, _), chunk in zip(jobs, t2w.run([job for _, job in jobs]), strict=True):
+                chunks[id(stream)] = chunk
+            return chunks
+        except Exception as exc:  # noqa: BLE001 - sorted out per row below
+            batch_error = exc
+        for stream, job in jobs:
+            if len(jobs) == 1 or job.stream.next_job() != job:
+                errors[id(stream)] = batch_error  # its state moved on: cannot retry
+                continue
+            try:
+                chunks[id(stream)] = t2w.run([job])[0]
+            except Exception as exc:  # noqa: BLE001
+                errors[id(stream)] = exc
+        return chunks
+
+    def close(self) -> None:
+        self._voices.clear()
+
+
+def _save_record(record: SpeakerRecord, path: Path) -> None:
+    """Write a speaker record atomically (a crash never leaves half a cache file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        record.save(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
