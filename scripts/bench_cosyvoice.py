@@ -106,20 +106,23 @@ def synthetic_speaker(model: CosyVoice3, seconds: float) -> SpeakerRecord:
 def time_llm(
     model: CosyVoice3, speaker: SpeakerRecord, timer: Timer, steps: int, warmup: int, text_tokens: int
 ):
-    """(prefix positions, prefill seconds, per-step decode seconds) of the last of ``warmup + 1`` runs."""
+    """(prefix positions, median prefill seconds of 3 timed runs, per-step decode seconds of the last)."""
+    repeats = warmup + 3
     full = model.build_llm_prompt(model.text_segments(TEXT)[0], speaker, "zero_shot")
     prompt = LLMPrompt.zero_shot(full.text[:text_tokens], full.prompt_text, full.prompt_speech)
-    for run in range(warmup + 1):
+    prefill_times: list[float] = []
+    for run in range(repeats):
         request = model.new_llm_request(prompt, generator=torch.Generator().manual_seed(run))
         runner = LLMRunner(model.llm, max_batch=1, max_len=request.num_cache_positions)
-        prefill_s, _ = timer(lambda runner=runner, request=request: runner.prefill([request]))
+        seconds, _ = timer(lambda runner=runner, request=request: runner.prefill([request]))
+        if run >= warmup:
+            prefill_times.append(seconds)
         step_times = []
-        while len(step_times) < steps and not request.finished:
+        while run == repeats - 1 and len(step_times) < steps and not request.finished:
             dt, _ = timer(lambda runner=runner, request=request: runner.decode_step([request]))
             step_times.append(dt)
         runner.abort(request)
-    prefix = request.num_prefix_tokens
-    return prefix, prefill_s, step_times
+    return request.num_prefix_tokens, statistics.median(prefill_times), step_times
 
 
 def hop_plan(model: CosyVoice3, num_prompt: int, hops: int) -> list[tuple[int, int]]:
@@ -197,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     prefix, prefill_s, step_times = time_llm(model, speaker, timer, steps, warmup, args.text_tokens)
     per_token = statistics.median(step_times)
-    print(f"\nLLM  prefill ({prefix} positions): {1000 * prefill_s:8.1f} ms")
+    print(f"\nLLM  prefill ({prefix} positions), median of 3: {1000 * prefill_s:8.1f} ms")
     print(
         f"LLM  decode, batch 1, median of {len(step_times)} steps: {1000 * per_token:8.1f} ms/token"
         f"  = {per_token * TOKENS_PER_SECOND:6.2f} s per s of audio"

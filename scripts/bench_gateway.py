@@ -1,7 +1,8 @@
-"""Gateway benchmark: N simulated devices running typed-text turns.
+"""Gateway benchmark: N simulated devices running typed-text or spoken turns.
 
     python scripts/bench_gateway.py --devices 100 --backend fake
     python scripts/bench_gateway.py --devices 1,10,50 --backend espeak --turns 2
+    python scripts/bench_gateway.py --speech --devices 1,10,50 [--asr-model DIR]
 
 Starts the server in its own process (so its CPU time can be read from /proc),
 connects N devices, each sending typed queries (`listen detect`) and
@@ -9,6 +10,15 @@ receiving the paced reply, and prints per concurrency: time from query to
 first audio frame (p50/p95), steady frame interval (mean) and gap p99,
 underruns as a device would see them (its playback queue ran dry mid-turn),
 and server CPU per device (percent of one core).
+
+With --speech each device talks instead (auto mode): it streams an espeak-ng
+utterance as Opus in real time, the server's VAD ends it after
+asr.vad.min_silence_ms of silence, FunASR recognises it, and the reply turn
+follows. Latencies are then measured from the end of the user's speech: to the
+`stt` message and to the first reply audio frame. The recogniser is FunASR with
+--asr-model (e.g. a SenseVoiceSmall directory), or else a tiny generated model
+(scripts/make_tiny_funasr_model.py) that exercises the same code path at
+almost no compute cost.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,12 +40,19 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from gateway.xiaozhi import Stt  # noqa: E402
 from scripts.device_sim import DeviceSimulator, Turn  # noqa: E402
+from scripts.speech import Utterance, utterance  # noqa: E402
 
 QUERIES = [
     "Tell me something nice about the weather today, please.",
     "今天天气不错，我们一起去公园散步吧，好不好？",
     "What is the capital of France, and why is it famous?",
+]
+SPOKEN = [
+    "What is the weather like today?",
+    "Please play some music for me.",
+    "Set a timer for ten minutes.",
 ]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -61,6 +79,7 @@ def free_port() -> int:
 @dataclass
 class Stats:
     first_audio: list[float] = field(default_factory=list)
+    stt: list[float] = field(default_factory=list)
     intervals: list[float] = field(default_factory=list)
     underruns: int = 0
     turns: int = 0
@@ -78,14 +97,35 @@ def device_underruns(turn: Turn, frame_s: float = 0.06) -> int:
     return count
 
 
-async def run_device(url: str, index: int, turns: int, stats: Stats, start_at: float) -> None:
+async def speech_turn(sim: DeviceSimulator, clip: Utterance, timeout: float) -> Turn:
+    """Streams a spoken query in real time; the turn's clock starts when the speech ends."""
+    t0 = time.monotonic()
+    sender = asyncio.create_task(sim.send_speech(clip.pcm, realtime=True))
+    try:
+        return await sim.collect_turn(t0 + clip.end_s, timeout=timeout)
+    finally:
+        sender.cancel()  # a device stops streaming once it speaks (auto mode)
+        with contextlib.suppress(asyncio.CancelledError):
+            await sender
+
+
+async def run_device(
+    url: str, index: int, turns: int, stats: Stats, start_at: float, clips: list[Utterance] | None = None
+) -> None:
     await asyncio.sleep(max(0.0, start_at - time.monotonic()))
     sim = DeviceSimulator(url, decode=False)
     try:
         await sim.connect()
         await sim.listen_start("auto")
         for k in range(turns):
-            turn = await sim.ask(QUERIES[(index + k) % len(QUERIES)], timeout=120)
+            if clips:
+                turn = await speech_turn(sim, clips[(index + k) % len(clips)], timeout=120)
+                t_stt = turn.time_of(Stt)
+                if t_stt is not None:
+                    stats.stt.append(t_stt - turn.t_query)
+                await sim.listen_start("auto")  # as the device does after `tts stop`
+            else:
+                turn = await sim.ask(QUERIES[(index + k) % len(QUERIES)], timeout=120)
             stats.turns += 1
             if turn.first_audio_latency is not None:
                 stats.first_audio.append(turn.first_audio_latency)
@@ -98,14 +138,16 @@ async def run_device(url: str, index: int, turns: int, stats: Stats, start_at: f
         await sim.close()
 
 
-async def bench(url: str, pid: int, devices: int, turns: int, ramp_s: float) -> dict[str, float]:
+async def bench(
+    url: str, pid: int, devices: int, turns: int, ramp_s: float, clips: list[Utterance] | None = None
+) -> dict[str, float]:
     stats = Stats()
     t0 = time.monotonic()
     cpu0 = cpu_seconds(pid)
     starts = [t0 + ramp_s * i / max(devices, 1) for i in range(devices)]
     async with asyncio.TaskGroup() as tg:
         for i in range(devices):
-            tg.create_task(run_device(url, i, turns, stats, starts[i]))
+            tg.create_task(run_device(url, i, turns, stats, starts[i], clips))
     wall = time.monotonic() - t0
     cpu = cpu_seconds(pid) - cpu0
     return {
@@ -114,6 +156,8 @@ async def bench(url: str, pid: int, devices: int, turns: int, ramp_s: float) -> 
         "failed": stats.failed,
         "first_p50_ms": percentile(stats.first_audio, 50) * 1000,
         "first_p95_ms": percentile(stats.first_audio, 95) * 1000,
+        "stt_p50_ms": percentile(stats.stt, 50) * 1000,
+        "stt_p95_ms": percentile(stats.stt, 95) * 1000,
         "interval_mean_ms": statistics.mean(stats.intervals) * 1000 if stats.intervals else float("nan"),
         "gap_p99_ms": percentile(stats.intervals, 99) * 1000,
         "underruns": stats.underruns,
@@ -156,11 +200,12 @@ async def wait_ready(url: str, timeout: float = 60.0) -> None:
             await asyncio.sleep(0.2)
 
 
-def print_table(backend: str, rows: list[dict[str, float]]) -> None:
+def print_table(backend: str, rows: list[dict[str, float]], *, speech: bool = False) -> None:
     cols = [
         ("devices", "{:>7.0f}"),
         ("turns", "{:>6.0f}"),
         ("failed", "{:>6.0f}"),
+        *([("stt_p50_ms", "{:>10.1f}"), ("stt_p95_ms", "{:>10.1f}")] if speech else []),
         ("first_p50_ms", "{:>12.1f}"),
         ("first_p95_ms", "{:>12.1f}"),
         ("interval_mean_ms", "{:>16.2f}"),
@@ -168,27 +213,45 @@ def print_table(backend: str, rows: list[dict[str, float]]) -> None:
         ("underruns", "{:>9.0f}"),
         ("cpu_pct_per_device", "{:>18.2f}"),
     ]
-    print(f"\nbackend: {backend}")
+    print(
+        f"\nbackend: {backend}" + (" (speech: latencies from the end of the user's speech)" if speech else "")
+    )
     print(" ".join(f"{name:>{len(fmt.format(0))}}" for name, fmt in cols))
     for row in rows:
         print(" ".join(fmt.format(row[name]) for name, fmt in cols))
 
 
+def speech_setup(args: argparse.Namespace, workdir: Path) -> tuple[dict[str, str], list[Utterance]]:
+    """Server environment and the spoken clips for --speech."""
+    model = args.asr_model
+    if model is None:
+        from scripts.make_tiny_funasr_model import make_tiny_model
+
+        model = str(make_tiny_model(workdir / "tiny-sensevoice"))
+        print(f"ASR: tiny generated FunASR model ({model}); pass --asr-model for a real one")
+    env = {"XZ_ASR__BACKEND": "funasr", "XZ_ASR__MODEL": model, "XZ_ASR__ON_LOAD_FAILURE": "error"}
+    clips = [utterance(text, lead_s=0.3, tail_s=1.5) for text in SPOKEN]
+    return env, clips
+
+
 async def main_async(args: argparse.Namespace) -> int:
-    for backend in args.backend.split(","):
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        extra = (
-            {"XZ_AUDIO__OPUS_COMPLEXITY": str(args.opus_complexity)}
-            if args.opus_complexity is not None
-            else {}
-        )
-        with server_process(backend, port, extra) as proc:
-            await wait_ready(url)
-            rows = []
-            for n in (int(x) for x in args.devices.split(",")):
-                rows.append(await bench(url, proc.pid, n, args.turns, args.ramp))
-            print_table(backend, rows)
+    with tempfile.TemporaryDirectory() as workdir:
+        clips: list[Utterance] | None = None
+        asr_env = {"XZ_ASR__BACKEND": "none"}
+        if args.speech:
+            asr_env, clips = speech_setup(args, Path(workdir))
+        for backend in args.backend.split(","):
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            extra = dict(asr_env)
+            if args.opus_complexity is not None:
+                extra["XZ_AUDIO__OPUS_COMPLEXITY"] = str(args.opus_complexity)
+            with server_process(backend, port, extra) as proc:
+                await wait_ready(url, timeout=120)
+                rows = []
+                for n in (int(x) for x in args.devices.split(",")):
+                    rows.append(await bench(url, proc.pid, n, args.turns, args.ramp, clips))
+                print_table(backend, rows, speech=clips is not None)
     return 0
 
 
@@ -199,6 +262,8 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=3, help="turns per device")
     parser.add_argument("--ramp", type=float, default=2.0, help="seconds over which devices connect")
     parser.add_argument("--opus-complexity", type=int, default=None, help="override audio.opus_complexity")
+    parser.add_argument("--speech", action="store_true", help="spoken turns (VAD + FunASR) instead of typed")
+    parser.add_argument("--asr-model", default=None, help="FunASR model for --speech (default: a tiny one)")
     return asyncio.run(main_async(parser.parse_args()))
 
 

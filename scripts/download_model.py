@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -201,6 +202,7 @@ def download_file(
     *,
     progress: ProgressFactory = _Progress,
     retries: int = RETRIES,
+    retry_delay_s: float = 1.0,
     verify: bool = False,
 ) -> Path:
     """Fetch one file into ``dest/<path>`` through ``<path>.part`` (resumed with Range); returns the path."""
@@ -217,7 +219,7 @@ def download_file(
             if attempt == retries:
                 raise DownloadError(f"{remote.path}: giving up after {retries + 1} attempts: {exc}") from exc
             print(f"  {remote.path}: {exc!r}; resuming", file=sys.stderr)
-            time.sleep(min(30.0, 2.0**attempt))
+            time.sleep(min(30.0, retry_delay_s * 2.0**attempt))
     _check_part(remote, part)
     os.replace(part, target)
     return target
@@ -241,7 +243,7 @@ def _fetch_into(client: httpx.Client, remote: RemoteFile, part: Path, progress: 
         bar = progress(remote.path, remote.size, have)
         try:
             with part.open("ab" if have else "wb") as handle:
-                for block in response.iter_bytes(CHUNK):
+                for block in response.iter_bytes():  # as it arrives: an interruption loses nothing
                     handle.write(block)
                     bar.update(len(block))
         finally:
@@ -295,14 +297,16 @@ def download_model(
     return [download_file(client, f, dest, progress=progress, verify=verify) for f in files]
 
 
-def fetch_prompt(client: httpx.Client, url: str = PROMPT_URL, target: Path = PROMPT_DEST) -> Path:
+def fetch_prompt(
+    client: httpx.Client, url: str = PROMPT_URL, target: Path = PROMPT_DEST, **options: Any
+) -> Path:
     """The default voice's prompt recording (kept when present)."""
     if target.is_file() and target.stat().st_size > 0:
         return target
-    return download_file(client, RemoteFile(target.name, url), target.parent)
+    return download_file(client, RemoteFile(target.name, url), target.parent, **options)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, transport: httpx.BaseTransport | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--source", choices=("auto", "hf", "modelscope"), default="auto")
     parser.add_argument(
@@ -315,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verify", action="store_true", help="re-hash files that look complete")
     parser.add_argument("--no-prompt", action="store_true", help=f"do not fetch {PROMPT_DEST}")
     parser.add_argument("--prompt-url", default=PROMPT_URL)
+    parser.add_argument("--prompt-dest", type=Path, default=PROMPT_DEST)
     args = parser.parse_args(argv)
     if args.source == "auto" and args.endpoint:
         parser.error("--endpoint needs --source hf or --source modelscope")
@@ -322,9 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.rl:
         exclude = tuple(p for p in exclude if p != "llm.rl.pt")
     timeout = httpx.Timeout(30.0, read=120.0)
-    with httpx.Client(
-        follow_redirects=True, timeout=timeout, headers={"User-Agent": "xiaozhi-gateway"}
-    ) as client:
+    headers = {"User-Agent": "xiaozhi-gateway"}
+    with httpx.Client(follow_redirects=True, timeout=timeout, headers=headers, transport=transport) as client:
         try:
             paths = download_model(
                 client,
@@ -341,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(paths)} files in {args.dest}")
         if not args.no_prompt:
             try:
-                print(f"default voice prompt: {fetch_prompt(client, args.prompt_url)}")
+                print(f"default voice prompt: {fetch_prompt(client, args.prompt_url, args.prompt_dest)}")
             except DownloadError as exc:
                 print(
                     f"warning: no default voice prompt ({exc}); espeak-ng stands in for it", file=sys.stderr

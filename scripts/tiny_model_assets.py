@@ -260,6 +260,7 @@ train_conf_gan:
 
 # Training text for the small BPE (our own sentences).
 _SAMPLE_TEXT = """\
+You are a helpful assistant. You are a helpful assistant. You are a helpful assistant.
 Hello there! This is a small test of the speech synthesis engine, running with random weights.
 The quick brown fox jumps over the lazy dog. She sells sea shells by the sea shore.
 Please call me back at 10:30 tomorrow morning; the meeting was moved to room 42.

@@ -16,6 +16,7 @@ from audio_codecs.formats import decode_audio
 from audio_codecs.wav import read_wav
 from tests.api_helpers import RATE, CloningFakeBackend, dominant_hz, fake, slow, voice_hz, wait_until
 from tests.gateway_server import running_gateway
+from tts_engine.backends.fake import FakeBackend
 
 TEXT = "今天天气很好，我们去公园玩吧"
 
@@ -127,6 +128,19 @@ async def test_failure_before_the_first_chunk_is_a_500_with_a_message():
         streamed = await client.post(f"{gw.url}/v1/tts/stream", json={"text": "BOOM now"})
     for reply in (whole, streamed):
         assert reply.status_code == 500 and reply.json()["error"]["code"] == "synthesis_failed"
+
+
+class PickyBackend(FakeBackend):
+    def open_stream(self, text, voice, speed):
+        if len(text) > 10:
+            raise ValueError(f"text is {len(text)} characters, the limit is 10")
+        return super().open_stream(text, voice, speed)
+
+
+async def test_input_the_backend_refuses_is_a_400():
+    async with running_gateway(backend=PickyBackend(ms_per_char=20.0)) as gw, httpx.AsyncClient() as client:
+        reply = await client.post(f"{gw.url}/v1/tts/stream", json={"text": "x" * 11})
+    assert reply.status_code == 400 and "the limit is 10" in reply.json()["error"]["message"]
 
 
 async def test_failure_mid_stream_cuts_the_body_short():

@@ -174,7 +174,7 @@ async def test_a_voice_added_through_the_api_is_used_by_a_device_session_without
         turn = await sim.ask("请用新的声音读这一句话，谢谢")
         await sim.close()
     assert added.status_code == 201
-    assert turn.audio is not None and turn.audio.size > turn.sample_rate  # over a second of speech
+    assert turn.audio is not None and turn.audio.size > turn.sample_rate // 2  # the reply was spoken
     assert abs(dominant_hz(turn.audio, turn.sample_rate) - voice_hz(backend, "narrator")) < 3
 
 

@@ -27,8 +27,12 @@ from gateway.asr import (
 from gateway.asr.base import NotConfiguredASR
 from gateway.asr.funasr_backend import FunASRBackend, clean_text
 from gateway.config import ASRConfig
+from gateway.xiaozhi import Stt, TtsStart
+from scripts.device_sim import DeviceSimulator
 from scripts.make_tiny_funasr_model import make_tiny_model
 from scripts.speech import utterance
+from tests.gateway_server import running_gateway
+from tts_engine.backends.fake import FakeBackend
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +83,24 @@ def test_a_model_found_in_the_modelscope_cache_is_used(tiny_model, tmp_path, mon
     shutil.copytree(tiny_model, tmp_path / "models" / "iic" / "SenseVoiceSmall")
     where = FunASRBackend.locate_model(ASRConfig(model="iic/SenseVoiceSmall", download=False))
     assert Path(where) == tmp_path / "models" / "iic" / "SenseVoiceSmall"
+
+
+async def test_speech_to_a_gateway_is_recognised_by_funasr(tiny_model: Path):
+    vad = {"min_silence_ms": 400, "detect_mute_s": 0.5}
+    speech = utterance("What is the weather like today?", lead_s=0.3, tail_s=0.8)
+    config = {"asr": {"backend": "funasr", "model": str(tiny_model), "vad": vad}}
+    async with running_gateway(config, backend=FakeBackend(ms_per_char=10.0)) as gw:
+        assert gw.services.asr.name == "funasr"
+        sim = DeviceSimulator(gw.url)
+        await sim.connect()
+        await sim.listen_start("auto")
+        t = time.monotonic()
+        await sim.send_speech(speech.pcm)
+        turn = await sim.collect_turn(t, timeout=20)
+        await sim.close()
+    assert turn.stt == "你好"
+    assert isinstance(turn.events[0], Stt) and isinstance(turn.events[1], TtsStart)
+    assert "你好" in "".join(turn.sentences)  # the echo LLM answered the recognised text
 
 
 # ---- clear failures, never a hang --------------------------------------------------

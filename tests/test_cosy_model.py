@@ -126,11 +126,18 @@ def test_voice_survives_a_safetensors_round_trip(model: CosyVoice3, speaker: Spe
     )
 
 
+@pytest.fixture(scope="module")
+def seeded_runs(model: CosyVoice3, speaker: SpeakerRecord) -> dict[str, list[torch.Tensor]]:
+    return {
+        "streamed": list(model.synthesize(TEXT, speaker, stream=True, seed=7)),
+        "offline": list(model.synthesize(TEXT, speaker, stream=False, seed=7)),
+    }
+
+
 def test_stream_and_offline_reproduce_the_reference_pipeline(
-    model: CosyVoice3, speaker: SpeakerRecord
+    model: CosyVoice3, speaker: SpeakerRecord, seeded_runs: dict[str, list[torch.Tensor]]
 ) -> None:
-    streamed = list(model.synthesize(TEXT, speaker, stream=True, seed=7))
-    offline = list(model.synthesize(TEXT, speaker, stream=False, seed=7))
+    streamed, offline = seeded_runs["streamed"], seeded_runs["offline"]
     tokens = reference_tokens(model, TEXT, speaker, seed=7)
     assert len(tokens) >= 198  # enough for a 100-token hop
     assert all(c.dtype == torch.float32 and c.dim() == 1 for c in streamed + offline)
@@ -150,8 +157,10 @@ def test_stream_and_offline_reproduce_the_reference_pipeline(
         assert audio.pow(2).mean().sqrt() > 1e-3
 
 
-def test_stream_chunks_follow_the_hop_schedule(model: CosyVoice3, speaker: SpeakerRecord) -> None:
-    chunks = [c.numel() for c in model.synthesize(TEXT, speaker, stream=True, seed=3)]
+def test_stream_chunks_follow_the_hop_schedule(
+    speaker: SpeakerRecord, seeded_runs: dict[str, list[torch.Tensor]]
+) -> None:
+    chunks = [c.numel() for c in seeded_runs["streamed"]]
     num_tokens = sum(chunks) // SAMPLES_PER_TOKEN
     num_prompt = speaker.prompt_speech_tokens.numel()
     assert chunks == expected_chunk_sizes(num_prompt, num_tokens)

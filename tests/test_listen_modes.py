@@ -105,14 +105,14 @@ async def test_auto_mode_endpoints_and_answers(use_asr):
         # after the reply the device listens again; silence and noise give nothing (checklist 24)
         await sim.listen_start("auto")
         rng = np.random.default_rng(0)
-        await sim.send_speech((rng.standard_normal(RATE * 2) * 300).astype(np.int16))
-        await asyncio.sleep(0.8)
+        await sim.send_speech((rng.standard_normal(RATE) * 300).astype(np.int16))
+        await asyncio.sleep(0.6)
         await sim.close()
     assert turn.stt == "What is the weather like today?"
     assert kinds(turn)[:2] == [Stt, TtsStart] and kinds(turn)[-1] == TtsStop
     assert "What is the weather like today?" in " ".join(turn.sentences)
     t_stt = turn.time_of(Stt)
-    assert t_stt - t_speech_end < 0.4 + 0.5  # min_silence + recognition, well within ~1 s (checklist 23)
+    assert t_stt - t_speech_end < 1.0  # min_silence (0.4 s) + recognition: within ~1 s (checklist 23)
     assert t_stt - t_speech_end > 0.2  # it waited for the silence
     assert len(asr.calls) == 1
     assert not [r for r in sim.records if r.t > turn.records[-1].t and not isinstance(r.event, AudioOut)]
@@ -156,7 +156,7 @@ async def talk_over_reply(aec: bool, spoken: str, heard_as: str, use_asr, *, rea
         t0 = time.monotonic()
         await sim.send_speech(interruption.pcm, realtime=realtime)
         t_onset, t_end = t0 + interruption.start_s, t0 + interruption.end_s
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(0.8)
         await sim.close()
     return sim, first.t, t_onset, t_end, llm
 
@@ -167,7 +167,7 @@ async def test_realtime_barge_in_with_aec_stops_the_reply_at_once(use_asr):
     records = [r for r in sim.records if r.t > t_first]
     stop = next(r for r in records if isinstance(r.event, TtsStop))
     stt = next(r for r in records if isinstance(r.event, Stt))
-    assert stop.t - t_onset < 0.5 and stop.t < t_end  # stopped while the user was still talking
+    assert stop.t - t_onset < 0.7 and stop.t < t_end  # stopped while the user was still talking
     assert stt.t > stop.t and stt.event.text == "Stop, tell me the time instead."
     between = [r for r in records if stop.t < r.t < stt.t]
     assert not [r for r in between if isinstance(r.event, AudioOut | TtsSentenceStart | TtsStart)]

@@ -42,15 +42,19 @@ class RequestStatus(IntEnum):
 class ChunkCredit:
     """Backpressure across the thread boundary.
 
-    ``num_produced`` is written only by the engine thread (chunks handed to the loop), ``num_consumed``
-    only by the event loop (chunks the consumer took). Their difference is what sits undelivered.
+    ``num_produced``/``samples_produced`` are written only by the engine thread (chunks and samples
+    handed to the loop), ``num_consumed``/``samples_consumed`` only by the event loop (what the consumer
+    took). Their difference is what sits unread: the backpressure bound counts chunks, the scheduler's
+    playback slack counts samples.
     """
 
-    __slots__ = ("num_produced", "num_consumed")
+    __slots__ = ("num_produced", "num_consumed", "samples_produced", "samples_consumed")
 
     def __init__(self) -> None:
         self.num_produced = 0
         self.num_consumed = 0
+        self.samples_produced = 0
+        self.samples_consumed = 0
 
     def get_num_buffered(self) -> int:
         return self.num_produced - self.num_consumed
@@ -80,7 +84,7 @@ class EngineRequest:
         """One backend chunk as int16 at the requested rate (empty while the resampler fills up)."""
         if self.resampler is None:
             raise EngineError(f"request {self.req_id} has no open stream")
-        return _to_int16(self.resampler.process(_as_float_tensor(chunk)))
+        return _to_int16(self.resampler.process(as_float_tensor(chunk)))
 
     def flush_pcm(self) -> np.ndarray:
         """The resampler's tail as int16, once the backend has finished the utterance."""
@@ -169,6 +173,7 @@ class SynthesisStream:
         chunk = self._chunks.popleft()
         credit = self._credit
         credit.num_consumed += 1
+        credit.samples_consumed += chunk.size
         if not self.is_finished and credit.get_num_buffered() == self._max_buffered_chunks - 1:
             self._on_resume()  # the engine may have parked this request at the bound: wake it
         return chunk
@@ -211,7 +216,7 @@ class SynthesisStream:
         return f"<SynthesisStream {self.req_id} {self.sample_rate} Hz {state}, {len(self._chunks)} buffered>"
 
 
-def _as_float_tensor(chunk: Any) -> torch.Tensor:
+def as_float_tensor(chunk: Any) -> torch.Tensor:
     """A backend chunk (1-D float ``np.ndarray``, or a torch tensor) as a float32 tensor."""
     if isinstance(chunk, np.ndarray):
         if not np.issubdtype(chunk.dtype, np.floating):

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["StreamingResampler", "output_length", "resample"]
+__all__ = ["StreamingResampler", "output_length", "process_batch", "resample"]
 
 ROLLOFF = 0.95
 ZERO_CROSSINGS = 48
@@ -181,16 +181,94 @@ class StreamingResampler:
         self.reset()
         return out
 
+    def _append(self, x: torch.Tensor) -> int:
+        """Take a chunk into the buffer; return how many outputs are ready (``process()`` minus the conv)."""
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.ndim != 1:
+            raise TypeError("StreamingResampler.process needs a 1-D floating-point torch.Tensor")
+        kernel = self._kernel
+        if kernel is None:
+            raise ValueError("an identity resampler has nothing to batch")
+        self._num_input += x.shape[0]
+        self._buffer = torch.cat([self._buffer, x.to(device=self.device, dtype=self.dtype)])
+        return kernel.num_outputs_before(self._num_input - kernel.width + kernel.left + 1)
+
     def _emit(self, kernel: _Kernel, num_ready: int) -> torch.Tensor:
         if num_ready <= self._num_output:
             return self._buffer.new_zeros(0)
         out = _apply_kernel(kernel, self._buffer, self._buffer_start, self._num_output, num_ready)
+        self._commit(kernel, num_ready)
+        return out
+
+    def _commit(self, kernel: _Kernel, num_ready: int) -> None:
+        """Outputs up to ``num_ready`` were emitted: drop the inputs no later output needs."""
         self._num_output = num_ready
         keep_from = kernel.first_input(num_ready)  # the first input the next output needs
         drop = min(max(0, keep_from - self._buffer_start), self._buffer.shape[0])
         self._buffer = self._buffer[drop:]
         self._buffer_start += drop
-        return out
+
+
+def process_batch(resamplers: list[StreamingResampler], chunks: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``[r.process(c) for r, c in zip(resamplers, chunks)]`` with one conv per (rate pair, device) group.
+
+    Each stream's pending input window is cut from its own buffer, windows are zero-padded to the
+    longest and stacked, and one ``conv1d`` computes every row; each row keeps only its own outputs,
+    so results equal the per-stream ones (up to float rounding of a different conv shape).
+    """
+    if len(resamplers) != len(chunks):
+        raise ValueError(f"{len(resamplers)} resamplers for {len(chunks)} chunks")
+    results: list[torch.Tensor | None] = [None] * len(chunks)
+    groups: dict[tuple[int, int, torch.device, torch.dtype], list[int]] = {}
+    for i, (resampler, chunk) in enumerate(zip(resamplers, chunks, strict=True)):
+        if resampler._kernel is None:
+            results[i] = resampler.process(chunk)
+            continue
+        key = (resampler.orig_sr, resampler.new_sr, resampler.device, resampler.dtype)
+        groups.setdefault(key, []).append(i)
+    for rows in groups.values():
+        ready: list[tuple[int, int]] = []  # (row, num_ready) of rows with new outputs
+        for i in rows:
+            resampler = resamplers[i]
+            num_ready = resampler._append(chunks[i])
+            if num_ready > resampler._num_output:
+                ready.append((i, num_ready))
+            else:
+                results[i] = resampler._buffer.new_zeros(0)
+        if ready:
+            for i, out in zip((i for i, _ in ready), _apply_batch(resamplers, ready), strict=True):
+                results[i] = out
+    return [r if r is not None else torch.zeros(0) for r in results]
+
+
+def _apply_batch(resamplers: list[StreamingResampler], ready: list[tuple[int, int]]) -> list[torch.Tensor]:
+    """One conv over the stacked input windows of ``ready`` rows (same kernel); commits each row."""
+    first = resamplers[ready[0][0]]
+    kernel = first._kernel
+    if kernel is None:
+        raise ValueError("an identity resampler has nothing to batch")
+    up, down, blocks = kernel.up, kernel.down, kernel.poly.shape[-1]
+    spans = []  # (row, n_start, n_end, k_start, num_k)
+    for i, num_ready in ready:
+        n_start = resamplers[i]._num_output
+        k_start, k_end = n_start // up, -(-num_ready // up)
+        spans.append((i, n_start, num_ready, k_start, k_end - k_start))
+    max_k = max(span[4] for span in spans)
+    width = (max_k + blocks - 1) * down
+    windows = first._buffer.new_zeros(len(spans), width)  # [B, width]
+    for row, (i, _, _, k_start, num_k) in enumerate(spans):
+        r = resamplers[i]
+        begin = k_start * down - kernel.left - r._buffer_start  # buffer index of the window's start
+        end = begin + (num_k + blocks - 1) * down
+        lo, hi = max(begin, 0), min(end, r._buffer.shape[0])
+        windows[row, lo - begin : hi - begin] = r._buffer[lo:hi]
+    channels = windows.reshape(len(spans), max_k + blocks - 1, down).transpose(1, 2)  # [B, down, K+blocks-1]
+    y = torch.nn.functional.conv1d(channels, kernel.poly)  # [B, up, K]
+    y = y.transpose(1, 2).reshape(len(spans), -1)  # [B, K * up] in output order
+    outs = []
+    for row, (i, n_start, n_end, k_start, _) in enumerate(spans):
+        outs.append(y[row, n_start - k_start * up : n_end - k_start * up])
+        resamplers[i]._commit(kernel, n_end)
+    return outs
 
 
 def _apply_kernel(

@@ -75,6 +75,9 @@ def api_error(exc: Exception) -> ApiError:
         return ApiError(503, "TTS engine is shutting down", code="engine_closed")
     if isinstance(exc, SynthesisFailed) and _is_voice_error(exc.cause):
         return ApiError(400, str(exc.cause), code="invalid_voice")  # e.g. a zero-shot prompt it cannot use
+    if isinstance(exc, SynthesisFailed) and isinstance(exc.cause, ValueError):
+        # The backend refused the input when opening the request (e.g. CosyVoice's 2000-character cap).
+        return ApiError(400, f"the TTS backend refused the request: {exc.cause}", code="refused_by_backend")
     if isinstance(exc, SynthesisFailed):
         return ApiError(500, f"synthesis failed: {exc.cause}", code="synthesis_failed")
     if _is_voice_error(exc):

@@ -16,9 +16,16 @@ neighbours.
 
 Voices come from presets (``add_voice``): the prompt recording is turned into a ``SpeakerRecord`` once
 and cached on disk (``voice_cache_dir``, safetensors), so a request costs no I/O. Modes per request:
-zero-shot (the preset's transcript + prompt speech tokens in the LLM prompt), instruct (an instruction
-from the request or the preset; the LLM sees no prompt speech) and cross-lingual (a preset without a
-transcript). The flow always gets the speaker's prompt tokens, mel and x-vector.
+zero-shot (the preset's transcript + prompt speech tokens in the LLM prompt) and instruct (an
+instruction from the request or the preset; the LLM sees no prompt speech). The flow always gets the
+speaker's prompt tokens, mel and x-vector. A preset needs its transcript (``prompt_text``).
+
+Sampling: each text segment gets its own CPU ``torch.Generator``. With ``seed`` set it is seeded from
+the seed and the segment's content, so a request's audio does not depend on what shares its batch;
+without it, from fresh randomness.
+
+Scheduling limits (left to the issue-4 scheduler): a request that finds no free KV slot yields empty
+steps until one frees; the engine keeps stepping it meanwhile.
 
 ``speed != 1`` follows upstream: that request is synthesised offline (full-attention flow once the LLM
 is done) and its mel is time-scaled by linear interpolation; its first audio comes later.
