@@ -302,13 +302,17 @@ class CosyVoice3:
                 out = runner.prefill([request])[0]
                 while True:
                     if out.token is not None and out.to_flow:
-                        yield from wave_stream.push_tokens([out.token])
+                        yield from _host(wave_stream.push_tokens([out.token]))
                     if out.finished:
                         break
                     out = runner.decode_step([request])[0]
             finally:
                 runner.abort(request)  # frees the slot if the consumer stopped early
-            yield from wave_stream.finish()
+            yield from _host(wave_stream.finish())
+
+
+def _host(chunks: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [chunk.to("cpu", torch.float32) for chunk in chunks]
 
 
 def _prompt_mode(mode: str) -> PromptMode:

@@ -125,7 +125,7 @@ class ASRConfig(_Section):
     download: bool = True
     load_timeout_s: float = Field(900, gt=0)
     on_load_failure: Literal["error", "not_configured"] = "error"
-    threads: int = Field(0, ge=0, le=256)
+    threads: int = Field(1, ge=0, le=256)
     max_batch: int = Field(8, ge=1, le=256)
     max_batch_audio_s: float = Field(120, gt=0)
     max_queue: int = Field(64, ge=1)
@@ -150,6 +150,26 @@ class GPUConfig(_Section):
     def tts_memory_gib(self) -> float | None:
         """The TTS engine's share (None: no cap)."""
         return self.memory_gib - self.asr_memory_gib if self.memory_gib else None
+
+
+DEFAULT_ENGINE_MEMORY_GIB = 6.0
+
+
+class EngineConfig(_Section):
+    """The shared TTS engine: batching and its memory budget (docs/gpu-sharing.md)."""
+
+    # GiB (> 1) or a fraction of the device (0 < x <= 1); None: gpu's TTS share, else 6 GiB.
+    gpu_memory_gib: float | None = Field(None, gt=0)
+    max_queue_wait_s: float = Field(30, gt=0)  # a request waiting longer for capacity fails
+    max_batch_size: int = Field(64, ge=1, le=256)  # KV slots at most (the budget may allow fewer)
+    max_llm_len: int = Field(4096, ge=64, le=65536)  # KV positions per slot
+    llm_backend: Literal["native", "vllm"] = "native"  # vllm: pip install .[vllm], needs CUDA
+
+    def memory_gib(self, gpu: GPUConfig) -> float:
+        """The budget the engine plans with: explicit, else the TTS share of `gpu`, else the default."""
+        if self.gpu_memory_gib is not None:
+            return self.gpu_memory_gib
+        return gpu.tts_memory_gib or DEFAULT_ENGINE_MEMORY_GIB
 
 
 OPENAI_VOICE_NAMES = (
@@ -189,6 +209,7 @@ class Config(_Section):
     tts: TTSConfig = Field(default_factory=TTSConfig)
     asr: ASRConfig = Field(default_factory=ASRConfig)
     gpu: GPUConfig = Field(default_factory=GPUConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
     api: ApiConfig = Field(default_factory=ApiConfig)
 
     @field_validator("session")
@@ -197,6 +218,16 @@ class Config(_Section):
         if v.idle_hard_s < v.idle_no_voice_s:
             raise ValueError("idle_hard_s must be >= idle_no_voice_s")
         return v
+
+    @model_validator(mode="after")
+    def _engine_within_gpu_plan(self) -> Config:
+        share, budget = self.gpu.tts_memory_gib, self.engine.gpu_memory_gib
+        if share is not None and budget is not None and budget > 1 and budget > share:
+            raise ValueError(
+                f"engine.gpu_memory_gib ({budget}) exceeds the TTS share of the GPU plan "
+                f"(gpu.memory_gib - gpu.asr_memory_gib = {share})"
+            )
+        return self
 
 
 def _deep_merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gateway.asr import ASR, create_asr
-from gateway.config import Config, LLMConfig, TTSConfig
+from gateway.config import Config, EngineConfig, GPUConfig, LLMConfig, TTSConfig
 from gateway.llm.base import ChatLLM
 from gateway.llm.echo import EchoLLM
 from gateway.llm.openai_chat import OpenAIChatLLM
@@ -54,10 +54,20 @@ def choose_tts_backend(cfg: TTSConfig) -> TTSChoice:
     return TTSChoice(cfg.backend)
 
 
-def create_tts_backend(name: str, cfg: TTSConfig) -> Backend:
-    """Build the chosen backend with its options from the `tts` section."""
+def create_tts_backend(
+    name: str, cfg: TTSConfig, engine: EngineConfig | None = None, gpu: GPUConfig | None = None
+) -> Backend:
+    """Build the chosen backend with its options from the `tts` section (and the `engine` budget)."""
     if name != "cosyvoice":
         return create_backend(name)
+    from gateway.asr.gpu_share import apply_process_cap
+    from tts_engine.backends.cosyvoice import resolve_device
+    from tts_engine.memory import MemoryBudget
+
+    engine, gpu = engine or EngineConfig(), gpu or GPUConfig()
+    device = str(resolve_device(cfg.device))
+    apply_process_cap(gpu, device)  # the process-wide hard cap (the ASR applies the same one)
+    budget_gib = engine.memory_gib(gpu)
     return create_backend(
         "cosyvoice",
         model_dir=cfg.model_dir,
@@ -65,6 +75,10 @@ def create_tts_backend(name: str, cfg: TTSConfig) -> Backend:
         dtype=cfg.dtype,
         voice_cache_dir=Path(cfg.voices_dir) / ".cache",
         default_voice=cfg.voice,
+        memory_budget=MemoryBudget.from_gib(budget_gib, device),
+        max_batch_size=engine.max_batch_size,
+        max_llm_len=engine.max_llm_len,
+        llm_backend=engine.llm_backend,
     )
 
 
@@ -116,9 +130,10 @@ class Services:
                 log.warning("!!! %s", warning)
             set_cpu_threads(choice.backend, config.tts.cpu_threads)
             engine = TTSEngine(
-                create_tts_backend(choice.backend, config.tts),
+                create_tts_backend(choice.backend, config.tts, config.engine, config.gpu),
                 max_pending_requests=config.tts.max_pending_requests,
                 max_buffered_chunks=config.tts.max_buffered_chunks,
+                max_queue_wait_s=config.engine.max_queue_wait_s,
             )
         services = cls(
             config=config,

@@ -7,9 +7,9 @@ or, from Python (tests, benchmarks)::
     from scripts.make_tiny_model import make_model_dir
     model_dir = make_model_dir(tmp_path / "model", preset="tiny", seed=0)
 
-Contents: ``cosyvoice3.yaml`` (our own template with the release's classes, tags and layout),
-``llm.pt`` / ``flow.pt`` / ``hift.pt`` float32 state dicts with the release key layout (``llm.model.model.*``
-Qwen2 keys with the tied ``lm_head`` sharing ``embed_tokens``' storage; ``decoder.estimator.*`` DiT keys;
+Contents: ``cosyvoice3.yaml`` (``tiny_model_yaml``: our own template with the release's classes, tags and
+layout), ``llm.pt`` / ``flow.pt`` / ``hift.pt`` float32 state dicts with the release key layout
+(``llm.model.model.*`` Qwen2 keys with the tied ``lm_head`` sharing ``embed_tokens``' storage; ``decoder.estimator.*`` DiT keys;
 HiFT weight norm as ``parametrizations.weight.original0/1``), optionally ``llm.rl.pt`` (same layout, other
 weights), ``CosyVoice-BlankEN/{config.json, generation_config.json, vocab.json, merges.txt,
 tokenizer_config.json}`` (a small generated BPE, see ``tiny_model_assets``) and, when the ``onnx`` package
@@ -45,7 +45,8 @@ if str(REPO_ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from scripts.tiny_model_assets import render_yaml, write_onnx_models, write_tokenizer  # noqa: E402
+from scripts.tiny_model_assets import write_onnx_models, write_tokenizer  # noqa: E402
+from scripts.tiny_model_yaml import render_yaml  # noqa: E402
 
 __all__ = ["PRESETS", "Preset", "make_model_dir"]
 

@@ -49,7 +49,11 @@ async def running_gateway(
     llm: Any = None,
     max_buffered_chunks: int = 8,
 ) -> AsyncIterator[RunningGateway]:
-    config = load_config(environ={}, overrides=overrides or {})
+    # Tests pin ASR off unless they ask for it: `auto` could try to download a model.
+    base: dict[str, Any] = {"asr": {"backend": "none"}}
+    for key, value in (overrides or {}).items():
+        base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
+    config = load_config(environ={}, overrides=base)
     engine = None
     if backend is not None:
         engine = TTSEngine(backend, max_buffered_chunks=max_buffered_chunks)

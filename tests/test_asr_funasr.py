@@ -158,7 +158,7 @@ class FakeAutoModel:
         self.gate.wait(5)
         if self.fail_generate:
             raise RuntimeError("CUDA error: something broke")
-        self.calls.append({"n": len(input), **cfg})
+        self.calls.append({"n": len(input), "threads": torch.get_num_threads(), **cfg})
         return [
             {"key": f"k{i}", "text": f"<|en|><|HAPPY|><|Speech|><|woitn|>{x.size} samples"}
             for i, x in enumerate(input)
@@ -182,16 +182,19 @@ def fake_funasr(monkeypatch, tmp_path):
 
 
 async def test_automodel_gets_local_offline_arguments(fake_funasr):
-    cfg = ASRConfig(backend="funasr", model=str(fake_funasr), language="zh", use_itn=False)
+    cfg = ASRConfig(backend="funasr", model=str(fake_funasr), language="zh", use_itn=False, threads=1)
+    threads = torch.get_num_threads()
     asr = create_asr(cfg)
+    assert torch.get_num_threads() == threads  # loading left this thread's setting alone
     (model,) = FakeAutoModel.instances
     assert model.kwargs["model"] == str(fake_funasr)
     assert model.kwargs["disable_update"] is True and model.kwargs["disable_pbar"] is True
     assert model.kwargs["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
-    assert model.kwargs["ncpu"] == torch.get_num_threads()  # FunASR must not change the thread count
+    assert model.kwargs["ncpu"] == 1
     assert await asr.transcribe(np.zeros(8000, np.int16)) == "8000 samples"
     call = model.calls[-1]
     assert call["language"] == "zh" and call["use_itn"] is False and call["batch_size"] == call["n"] == 1
+    assert call["threads"] == 1  # recognition runs with asr.threads torch threads
     await asr.aclose()
 
 

@@ -219,9 +219,7 @@ def test_bad_requests_raise_typed_errors(model: CosyVoice3, speaker: SpeakerReco
         model.synthesize(TEXT, speaker, seed=-1)
 
 
-def test_missing_and_mismatched_files_are_named(
-    model_dir: Path, speaker: SpeakerRecord, tmp_path: Path
-) -> None:
+def test_missing_and_mismatched_files_are_named(model_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ModelFilesError, match=r"flow\.pt"):
         CosyVoice3.from_pretrained(clone(model_dir, tmp_path / "a", skip=("flow.pt",)))
     with pytest.raises(ModelFilesError, match=r"cosyvoice3\.yaml"):

@@ -111,3 +111,9 @@ def test_case_matches_reference(fixture_dir: Path, case: dict, parity_runs: dict
         pytest.fail(
             f"{case['name']}:\n  " + "\n  ".join(failures) + "\nrunner log:\n" + run.log_for(case["name"])
         )
+
+
+@pytest.mark.skipif(not os.environ.get("CI"), reason="outside CI the fixture sets are optional")
+def test_ci_has_the_parity_fixtures() -> None:
+    """In CI, shared/ sits beside the checkout: parity must run, never silently skip."""
+    assert _fixture_sets(), f"no v3-* parity fixture set under {PARITY_ROOT}"

@@ -165,5 +165,5 @@ def test_model_file_is_found_without_importing_silero_vad():
         "print(p)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip().endswith("silero_vad/data/silero_vad.onnx")
+    assert out.stdout.strip().endswith("silero_vad/data/silero_vad_16k_sequence.onnx")
     assert find_silero_model().is_file()

@@ -7,17 +7,18 @@
     chunk consumed ── _RESUME ────┘                                    -> drain inbox -> update
     SynthesisStream <── loop.call_soon_threadsafe(chunk / end) <─────────────┘
 
-The thread blocks on the inbox whenever nothing is runnable: no polling. A request is runnable while
+The policy (admission against the backend's capacity, the bounded wait, ranking by playback slack,
+the batch cap) is the ``Scheduler``'s (tts_engine/scheduler.py); the thread's loop, step and delivery
+are ``EngineThread``'s (tts_engine/engine_thread.py); this module is the event-loop API. The thread blocks on the inbox whenever nothing is runnable (with a timeout only while a
+request waits for capacity, to fail it at ``max_queue_wait_s``): no polling. A request is runnable while
 its consumer holds fewer than ``max_buffered_chunks`` unread chunks (backpressure); the consumer wakes
 the thread when it takes a chunk at that bound. Aborts that arrive during a step are applied before
-its output is handed out, so an aborted request's chunks are never delivered.
+its output is handed out, so an aborted request's chunks are never delivered. A step's audio is
+resampled and converted to int16 in batches on the backend's device (tts_engine/postprocess.py).
 
 Voices: ``add_voice()``/``remove_voice()`` (and the voice preparation of ``synthesize_zero_shot()``)
 run their backend call in the engine thread too, through the inbox as a ``_Call``, so they never race
 a step; ``voices``/``default_voice`` are refreshed from the backend after each such call.
-
-The scheduler here is deliberately simple (every runnable stream, least buffered first, up to the
-backend's ``max_batch_size``); a batching scheduler replaces ``_schedule()``/``_update_from_output()``.
 """
 
 from __future__ import annotations
@@ -28,63 +29,32 @@ import queue
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
+from tts_engine.arguments import MAX_SPEED, MIN_SPEED, SUPPORTED_SAMPLE_RATES, check_arguments, check_instruct
 from tts_engine.backends.base import Backend
-from tts_engine.errors import EngineClosed, EngineError, EngineOverloaded, SynthesisFailed, UnknownVoice
-from tts_engine.request import ChunkCredit, EngineRequest, RequestStatus, SynthesisStream
-from tts_engine.resample import StreamingResampler
+from tts_engine.engine_thread import _RESUME, _SHUTDOWN, EngineThread, _Abort, _Call, _Command, _NewRequest
+from tts_engine.errors import EngineClosed, EngineError, EngineOverloaded, UnknownVoice
+from tts_engine.request import ChunkCredit, EngineRequest, SynthesisStream
+from tts_engine.scheduler import Scheduler
 from tts_engine.voices import PromptAudio, VoiceError, VoicePreset, decode_prompt_wav
+
+__all__ = ["MAX_SPEED", "MIN_SPEED", "SUPPORTED_SAMPLE_RATES", "TTSEngine"]
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_SAMPLE_RATES = (8000, 12000, 16000, 22050, 24000, 44100, 48000)
-MIN_SPEED, MAX_SPEED = 0.25, 4.0
 
-
-@dataclass(frozen=True, slots=True)
-class _NewRequest:
-    request: EngineRequest
-
-
-@dataclass(frozen=True, slots=True)
-class _Abort:
-    req_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class _Call:
-    """Run ``fn`` in the engine thread between steps; its outcome goes to ``future`` on the loop."""
-
-    fn: Callable[[], Any]
-    future: asyncio.Future[Any]
-
-
-class _Resume:
-    """A consumer made room under the buffer bound; the command itself carries nothing."""
-
-
-class _Shutdown:
-    pass
-
-
-_RESUME = _Resume()
-_SHUTDOWN = _Shutdown()
-_Command = _NewRequest | _Abort | _Call | _Resume | _Shutdown
-MAX_INSTRUCT_CHARS = 500
-
-
-class _LoopGone(Exception):
-    """The event loop the engine was started on is closed; nobody can receive output any more."""
-
-
-class TTSEngine:
+class TTSEngine(EngineThread):
     """Shared speech engine: ``synthesize()`` returns a ``SynthesisStream`` of int16 chunks."""
 
-    def __init__(self, backend: Backend, *, max_pending_requests: int = 256, max_buffered_chunks: int = 8):
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        max_pending_requests: int = 256,
+        max_buffered_chunks: int = 8,
+        max_queue_wait_s: float | None = 30.0,
+    ):
         if max_pending_requests < 1:
             raise ValueError(f"max_pending_requests must be >= 1, got {max_pending_requests}")
         if max_buffered_chunks < 1:
@@ -106,9 +76,13 @@ class TTSEngine:
         self._num_submitted = 0  # requests put in the inbox
         self._calls: set[asyncio.Future[Any]] = set()  # _Call futures not resolved yet
         # Engine-thread side: only the engine thread writes these.
-        self._requests: dict[str, EngineRequest] = {}  # every unfinished request by req_id
-        self._waiting: list[EngineRequest] = []
-        self._running: list[EngineRequest] = []
+        self._scheduler = Scheduler(
+            max_batch_size=max(1, backend.max_batch_size),
+            max_buffered_chunks=max_buffered_chunks,
+            can_admit=backend.can_admit,
+            max_queue_wait_s=max_queue_wait_s,
+        )
+        self.max_queue_wait_s = max_queue_wait_s
         self._num_received = 0  # _NewRequest commands taken from the inbox
         self._counts = dict.fromkeys(
             ("requests_finished", "requests_failed", "requests_aborted", "chunks_total", "samples_total",
@@ -153,8 +127,10 @@ class TTSEngine:
             "requests_total": self._num_requests_total,
             "requests_rejected": self._num_requests_rejected,
             **self._counts,
-            "queue_depth": max(0, self._num_submitted - self._num_received) + len(self._waiting),
-            "live": len(self._requests),
+            **self._scheduler.stats,
+            **self._backend.memory_stats(),
+            "queue_depth": max(0, self._num_submitted - self._num_received) + len(self._scheduler.waiting),
+            "live": len(self._scheduler.requests),
         }
 
     def health(self) -> dict[str, Any]:
@@ -171,6 +147,16 @@ class TTSEngine:
             "queue_depth": stats["queue_depth"],
             "requests_total": stats["requests_total"],
             "errors": stats["requests_failed"],
+            "batching": {
+                "max_batch_size": self._scheduler.max_batch_size,
+                "capacity": self._backend.capacity(),
+                "running": stats["running"],
+                "waiting": stats["waiting"],
+                "last_batch_size": stats["last_batch_size"],
+                "mean_batch_size": stats["mean_batch_size"],
+                "max_queue_wait_s": self.max_queue_wait_s,
+            },
+            "memory": self._backend.memory_stats(),
             "stats": stats,
         }
 
@@ -224,11 +210,11 @@ class TTSEngine:
         ``supports_instruct`` (fake, espeak) ignore it.
         """
         self._check_open()
-        _check_arguments(text, sample_rate, speed)
+        check_arguments(text, sample_rate, speed)
         voice = self._default_voice if voice is None else voice
         if voice not in self._voices:
             raise UnknownVoice(voice, self._voices)
-        return self._submit(text, voice, sample_rate, req_id, speed, _check_instruct(instruct))
+        return self._submit(text, voice, sample_rate, req_id, speed, check_instruct(instruct))
 
     def synthesize_zero_shot(
         self,
@@ -247,14 +233,14 @@ class TTSEngine:
         when the request starts; nothing is cached. Raises VoiceError when the backend cannot clone.
         """
         self._check_open()
-        _check_arguments(text, sample_rate, speed)
+        check_arguments(text, sample_rate, speed)
         if not self._backend.supports_cloning:
             raise VoiceError(f"backend {self.backend_name} cannot clone voices")
         if not isinstance(prompt_text, str):
             raise VoiceError(f"prompt_text must be a string, got {type(prompt_text).__name__}")
         audio = decode_prompt_wav(prompt_wav)
         return self._submit(
-            text, "", sample_rate, req_id, speed, _check_instruct(instruct), audio, prompt_text.strip()
+            text, "", sample_rate, req_id, speed, check_instruct(instruct), audio, prompt_text.strip()
         )
 
     def _check_open(self) -> asyncio.AbstractEventLoop:
@@ -373,205 +359,3 @@ class TTSEngine:
         self._fail_open_streams(f"engine thread crashed: {crash!r}" if crash else "engine closed", crash)
         if self._stopped is not None and not self._stopped.done():
             self._stopped.set_result(None)
-
-    # -- engine thread -------------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        crash: BaseException | None = None
-        try:
-            while not self._is_shutting_down:
-                self._process_inbox(block=not self._has_work())
-                if not self._is_shutting_down:
-                    self._step()
-        except _LoopGone:
-            logger.warning("event loop closed under the TTS engine; stopping its thread")
-        except BaseException as exc:  # noqa: BLE001 - reported to every open stream, then the thread ends
-            logger.exception("TTS engine thread crashed")
-            crash = self._crash = exc
-        finally:
-            self._finish_requests(list(self._requests), RequestStatus.FINISHED_CLOSED)
-            try:
-                self._backend.close()
-            except Exception:  # noqa: BLE001
-                logger.exception("closing the %s backend failed", self.backend_name)
-            try:
-                self._post(self._on_thread_stopped, crash)
-            except _LoopGone:
-                pass  # nobody is waiting
-
-    def _has_work(self) -> bool:
-        if self._waiting:
-            return True
-        return any(r.credit.get_num_buffered() < self.max_buffered_chunks for r in self._running)
-
-    def _process_inbox(self, *, block: bool) -> None:
-        """Apply every command in the inbox, first waiting for one if ``block``. Stops at a shutdown."""
-        try:
-            command = self._inbox.get() if block else self._inbox.get_nowait()
-        except queue.Empty:
-            return
-        while True:
-            if isinstance(command, _Shutdown):
-                self._is_shutting_down = True
-                return
-            if isinstance(command, _NewRequest):
-                self._num_received += 1
-                self._requests[command.request.req_id] = command.request
-                self._waiting.append(command.request)
-            elif isinstance(command, _Abort):
-                self._finish_requests([command.req_id], RequestStatus.FINISHED_ABORTED)
-            elif isinstance(command, _Call):
-                self._run_call(command)
-            try:
-                command = self._inbox.get_nowait()
-            except queue.Empty:
-                return
-
-    def _run_call(self, call: _Call) -> None:
-        result: Any = None
-        error: BaseException | None = None
-        try:
-            result = call.fn()
-        except Exception as exc:  # noqa: BLE001 - handed to the caller on the loop
-            error = exc
-        voices: Any = None
-        try:
-            voices = (list(self._backend.voices()), self._backend.default_voice)
-        except Exception:  # noqa: BLE001 - keep the old list
-            logger.exception("reading the voices of the %s backend failed", self.backend_name)
-        self._post(self._finish_call, (call.future, result, error, voices))
-
-    def _open_backend_stream(self, request: EngineRequest) -> Any:
-        backend = self._backend
-        instruct = request.instruct if backend.supports_instruct else None
-        if request.prompt_audio is not None:
-            return backend.open_zero_shot_stream(
-                request.text, request.prompt_audio, request.prompt_text, request.speed, instruct
-            )
-        if instruct is not None:
-            return backend.open_stream(request.text, request.voice, request.speed, instruct=instruct)
-        return backend.open_stream(request.text, request.voice, request.speed)
-
-    def _step(self) -> None:
-        """schedule -> backend -> drain aborts -> update."""
-        plan = self._schedule()
-        if not plan:
-            return
-        self._counts["steps_total"] += 1
-        self._counts["step_streams_total"] += len(plan)
-        try:
-            outputs: list[Any] = list(self._backend.step([r.backend_stream for r in plan]))
-            if len(outputs) != len(plan):
-                raise EngineError(f"backend returned {len(outputs)} results for {len(plan)} streams")
-        except Exception as exc:  # noqa: BLE001 - the whole batch failed; the engine goes on
-            outputs = [exc] * len(plan)
-        self._process_inbox(block=False)  # aborts that arrived during the step win over its output
-        if self._is_shutting_down:
-            return
-        self._update_from_output(plan, outputs)
-
-    def _schedule(self) -> list[EngineRequest]:
-        """Open waiting requests, then pick runnable ones: least buffered first, new before old."""
-        while self._waiting:
-            request = self._waiting.pop(0)
-            try:
-                request.backend_stream = self._open_backend_stream(request)
-                request.resampler = StreamingResampler(self._backend.sample_rate, request.sample_rate)
-            except Exception as exc:  # noqa: BLE001 - fails this request only
-                self._finish_requests([request.req_id], RequestStatus.FINISHED_FAILED, exc)
-                continue
-            request.status = RequestStatus.RUNNING
-            self._running.append(request)
-        bound = self.max_buffered_chunks
-        runnable = [r for r in self._running if r.credit.get_num_buffered() < bound]
-        runnable.sort(key=lambda r: (r.credit.get_num_buffered(), r.num_chunks > 0, r.arrival_time))
-        return runnable[: max(1, self._backend.max_batch_size)]
-
-    def _update_from_output(self, plan: list[EngineRequest], outputs: list[Any]) -> None:
-        for request, output in zip(plan, outputs, strict=True):
-            if request.status.is_finished():
-                continue  # aborted while the step ran: its output is dropped
-            if isinstance(output, BaseException):
-                self._finish_requests([request.req_id], RequestStatus.FINISHED_FAILED, output)
-                continue
-            try:
-                self._deliver(request, request.flush_pcm() if output is None else request.to_pcm(output))
-            except _LoopGone:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a bad chunk fails only its request
-                self._finish_requests([request.req_id], RequestStatus.FINISHED_FAILED, exc)
-                continue
-            if output is None:
-                self._finish_requests([request.req_id], RequestStatus.FINISHED_STOPPED)
-
-    def _deliver(self, request: EngineRequest, pcm: np.ndarray) -> None:
-        if pcm.size == 0:
-            return  # the resampler is still filling its window
-        request.num_chunks += 1
-        request.credit.num_produced += 1
-        self._counts["chunks_total"] += 1
-        self._counts["samples_total"] += pcm.size
-        self._post(request.stream._push_chunk, pcm)
-
-    def _finish_requests(
-        self, req_ids: list[str], status: RequestStatus, error: BaseException | None = None
-    ) -> None:
-        """The one way out: take requests off the queues, close their backend streams, tell their streams."""
-        finished: list[EngineRequest] = []
-        for req_id in req_ids:
-            request = self._requests.pop(req_id, None)
-            if request is None or request.status.is_finished():
-                continue
-            request.status = status
-            finished.append(request)
-            if request.backend_stream is not None:
-                try:
-                    request.backend_stream.close()
-                except Exception:  # noqa: BLE001
-                    logger.exception("closing the backend stream of %s failed", req_id)
-        if not finished:
-            return
-        done = {id(r) for r in finished}
-        self._waiting = [r for r in self._waiting if id(r) not in done]
-        self._running = [r for r in self._running if id(r) not in done]
-        for request in finished:
-            if status == RequestStatus.FINISHED_STOPPED:
-                self._counts["requests_finished"] += 1
-                self._post(request.stream._push_end, None)
-            elif status == RequestStatus.FINISHED_FAILED:
-                self._counts["requests_failed"] += 1
-                cause = error if error is not None else EngineError("unknown failure")
-                logger.warning("TTS request %s failed: %r", request.req_id, cause)
-                self._post(request.stream._push_end, SynthesisFailed(request.req_id, cause))
-            elif status == RequestStatus.FINISHED_ABORTED:
-                self._counts["requests_aborted"] += 1
-            # FINISHED_CLOSED: the loop side fails open streams itself once the thread has stopped.
-
-    def _post(self, callback: Callable[[Any], None], arg: Any) -> None:
-        """Run ``callback(arg)`` on the event loop."""
-        loop = self._loop
-        if loop is None:
-            raise _LoopGone("engine was never started")
-        try:
-            loop.call_soon_threadsafe(callback, arg)
-        except RuntimeError as exc:  # the loop is closed
-            raise _LoopGone from exc
-
-
-def _check_instruct(instruct: str | None) -> str | None:
-    if instruct is None:
-        return None
-    if not isinstance(instruct, str):
-        raise ValueError(f"instruct must be a string or None, got {type(instruct).__name__}")
-    if len(instruct) > MAX_INSTRUCT_CHARS:
-        raise ValueError(f"instruct is longer than {MAX_INSTRUCT_CHARS} characters")
-    return instruct.strip() or None
-
-
-def _check_arguments(text: str, sample_rate: int, speed: float) -> None:
-    if not isinstance(text, str):
-        raise TypeError(f"text must be str, got {type(text).__name__}")
-    if isinstance(sample_rate, bool) or sample_rate not in SUPPORTED_SAMPLE_RATES:
-        raise ValueError(f"sample_rate must be one of {SUPPORTED_SAMPLE_RATES}, got {sample_rate!r}")
-    if isinstance(speed, bool) or not isinstance(speed, int | float) or not MIN_SPEED <= speed <= MAX_SPEED:
-        raise ValueError(f"speed must be a number in [{MIN_SPEED}, {MAX_SPEED}], got {speed!r}")

@@ -1,7 +1,8 @@
 """The engine's exception tree.
 
     EngineError
-    ├── EngineOverloaded   too many live + queued requests; raised by synthesize() at once
+    ├── EngineOverloaded   too many live + queued requests (synthesize() raises it at once), or a request
+    │                      waited max_queue_wait_s for backend capacity (its stream raises it)
     ├── UnknownVoice       the voice is not offered by the backend; raised by synthesize()
     ├── EngineClosed       the engine is closed (or closing); open streams raise it
     └── SynthesisFailed    the backend raised for one request; only that stream raises it
@@ -17,7 +18,7 @@ class EngineError(Exception):
 
 
 class EngineOverloaded(EngineError):
-    """More than ``max_pending_requests`` requests are live or queued."""
+    """More than ``max_pending_requests`` requests are live or queued, or one waited too long for capacity."""
 
 
 class UnknownVoice(EngineError):

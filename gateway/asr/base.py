@@ -69,10 +69,14 @@ def create_asr(cfg: ASRConfig | str, gpu: GPUConfig | None = None) -> ASR:
 
     `auto` never fails: without FunASR or its model it gives the 'not configured'
     backend and logs why. `funasr` raises `ASRLoadError` unless
-    `on_load_failure: not_configured`.
+    `on_load_failure: not_configured`. Raises `VADUnavailable` when the Silero
+    VAD model (a core dependency) cannot be loaded.
     """
     if isinstance(cfg, str):
         cfg = ASRConfig(backend=cfg)
+    from gateway.asr.vad import SileroVAD
+
+    SileroVAD.shared()  # the VAD of every session: a missing model file stops the start-up here
     if cfg.backend == "none":
         return NotConfiguredASR()
     if cfg.backend == "auto" and not funasr_installed():

@@ -61,7 +61,9 @@ class Batcher(Generic[T, R]):
         max_weight: float = float("inf"),
         weight: Callable[[T], float] = lambda _: 1.0,
         name: str = "batcher",
+        initializer: Callable[[], None] | None = None,
     ) -> None:
+        """`initializer` runs once in the worker thread (e.g. to set torch's thread count there)."""
         if max_batch < 1 or max_queue < 1 or max_weight <= 0:
             raise ValueError("max_batch, max_queue and max_weight must be positive")
         self._run_batch = run_batch
@@ -70,7 +72,7 @@ class Batcher(Generic[T, R]):
         self.max_weight = max_weight
         self._weight = weight
         self._name = name
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name, initializer=initializer)
         self._pending: list[_Request[T, R]] = []
         self._wakeup = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None

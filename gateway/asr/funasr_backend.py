@@ -11,6 +11,7 @@ of failing the first user.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -105,6 +106,8 @@ class FunASRBackend:
             max_weight=cfg.max_batch_audio_s,
             weight=lambda pcm: pcm.size / SAMPLE_RATE,
             name="asr",
+            # torch's intra-op thread count is per thread: this one only affects recognition
+            initializer=functools.partial(torch.set_num_threads, cfg.threads) if cfg.threads else None,
         )
 
     @property
@@ -242,7 +245,7 @@ def _build(model_ref: str, device: str, cfg: ASRConfig) -> Any:
         return AutoModel(
             model=model_ref,
             device=device,
-            ncpu=cfg.threads or torch.get_num_threads(),  # FunASR would set 4 threads process-wide
+            ncpu=cfg.threads or torch.get_num_threads(),  # FunASR sets it (for this loading thread)
             disable_update=True,
             disable_pbar=True,
             disable_log=True,

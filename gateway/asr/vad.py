@@ -1,10 +1,12 @@
 """Voice activity detection: Silero VAD (ONNX, onnxruntime) and endpointing.
 
 The model file ships in the `silero-vad` wheel; it is located without importing
-the package (whose import pulls in torch and changes torch's thread count). One
-ONNX session serves the whole process; each stream keeps its own recurrent
-state and the 64 samples of context the model expects before every 512-sample
-(32 ms) window at 16 kHz.
+the package (whose import pulls in torch and changes torch's thread count). It
+is the wheel's 16 kHz "sequence" export, which gives the same probabilities as
+the streaming model but takes all the windows of a packet in one call. One ONNX
+session serves the whole process; each stream keeps its own recurrent state and
+the 64 samples of context the model expects before every 512-sample (32 ms)
+window.
 
 `Endpointer` turns window probabilities into speech boundaries with hysteresis:
 speech starts at a window whose probability reaches `threshold` and counts once
@@ -29,7 +31,7 @@ from gateway.config import VADConfig
 SAMPLE_RATE = 16000
 WINDOW = 512  # samples per model call at 16 kHz (32 ms)
 CONTEXT = 64  # samples of the previous window the model sees again
-MODEL_FILE = "silero_vad.onnx"
+MODEL_FILE = "silero_vad_16k_sequence.onnx"
 # Silero's probability stays above 0.5 for about two windows after speech stops
 # (measured on espeak-ng speech through Opus, quiet to -35 dBFS noise); the
 # reported end of speech is moved back by that much.
@@ -83,7 +85,6 @@ class SileroVAD:
             )
         except Exception as exc:  # onnxruntime raises its own, unexported error types
             raise VADUnavailable(f"cannot load Silero VAD from {path}: {exc}") from exc
-        self._sr = np.array(SAMPLE_RATE, dtype=np.int64)
         self.path = path
 
     @classmethod
@@ -92,12 +93,12 @@ class SileroVAD:
         """The process-wide instance, loaded on first use."""
         return cls()
 
-    def run(self, window: np.ndarray, state: np.ndarray) -> tuple[float, np.ndarray]:
-        """Speech probability of one (CONTEXT + WINDOW)-sample input, and the next state."""
-        out, new_state = self._session.run(
-            None, {"input": window[np.newaxis, :], "state": state, "sr": self._sr}
-        )
-        return float(out[0, 0]), new_state
+    def run(
+        self, windows: np.ndarray, state: tuple[np.ndarray, np.ndarray]
+    ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        """Speech probabilities of consecutive (CONTEXT + WINDOW)-sample rows, and the next state."""
+        probs, h, c = self._session.run(None, {"input": windows, "h": state[0], "c": state[1]})
+        return probs, (h, c)
 
     def stream(self) -> VADStream:
         return VADStream(self)
@@ -111,7 +112,8 @@ class VADStream:
         self.reset()
 
     def reset(self) -> None:
-        self._state = np.zeros((2, 1, 128), dtype=np.float32)
+        zeros = np.zeros((1, 1, 128), dtype=np.float32)
+        self._state = (zeros, zeros.copy())
         self._buffer = np.zeros(CONTEXT, dtype=np.float32)  # context + not yet windowed samples
         self.windows = 0
 
@@ -119,15 +121,15 @@ class VADStream:
         """Probabilities of the windows that this audio completes (in order)."""
         samples = as_float_pcm(pcm)
         buffer = np.concatenate([self._buffer, samples]) if samples.size else self._buffer
-        probs = []
-        start = 0
-        while buffer.size - start >= CONTEXT + WINDOW:
-            prob, self._state = self._model.run(buffer[start : start + CONTEXT + WINDOW], self._state)
-            probs.append(prob)
-            start += WINDOW
-        self._buffer = buffer[start:]
-        self.windows += len(probs)
-        return probs
+        count = (buffer.size - CONTEXT) // WINDOW
+        if count <= 0:
+            self._buffer = buffer
+            return []
+        rows = np.stack([buffer[i * WINDOW : i * WINDOW + CONTEXT + WINDOW] for i in range(count)])
+        probs, self._state = self._model.run(rows, self._state)
+        self._buffer = buffer[count * WINDOW :]
+        self.windows += count
+        return [float(p) for p in probs]
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,8 +5,10 @@ thread makes every call on a backend (construction aside), so backends need no l
 
 A request is one ``BackendStream``: ``open_stream()`` must be cheap (start work, do not finish it);
 ``next_chunk()`` returns the next piece of audio or ``None`` when the utterance is complete.
-``Backend.step()`` advances several streams by one chunk each. The default runs them one after the
-other; a batching backend overrides it to run them as one batch.
+``Backend.step()`` advances several streams by one chunk each (chunks may be float tensors on
+``device``). The default runs them one after the other; a batching backend overrides it to run them
+as one batch. ``capacity()``/``can_admit()`` tell the engine how many streams may be open at once
+(the rest queue); ``memory_stats()`` reports the backend's memory plan and use.
 
 Voices: ``voices()`` names the built-in ones. A backend that can clone (``supports_cloning``) also takes
 presets at run time through ``add_voice()``/``remove_voice()`` and one-off prompt recordings through
@@ -20,6 +22,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 
 from tts_engine.voices import VoiceError
 
@@ -46,6 +49,9 @@ class Backend(ABC):
     default_voice: str
     max_batch_size: int = 32
     """The most streams the engine passes to one ``step()`` call."""
+    device: torch.device = torch.device("cpu")
+    """Where ``step()``'s chunks live (a chunk may be a float ``torch.Tensor`` there); the engine
+    resamples and converts them to int16 on this device before one copy to the host."""
     supports_cloning: bool = False
     """``add_voice()``, ``remove_voice()`` and ``open_zero_shot_stream()`` work."""
     supports_instruct: bool = False
@@ -62,6 +68,19 @@ class Backend(ABC):
         ``instruct`` is passed only when ``supports_instruct`` is set (backends without it may keep the
         three-argument signature).
         """
+
+    def capacity(self) -> int | None:
+        """The most streams that may be open at once (None: no limit). The engine admits requests
+        against it and queues the rest; an open stream holds its share until it is closed."""
+        return None
+
+    def can_admit(self, num: int = 1) -> bool:
+        """Whether ``num`` more streams can be opened now, next to the open ones."""
+        return True
+
+    def memory_stats(self) -> dict[str, int | float]:
+        """Memory budget and use, for health and metrics (numbers only; empty when not tracked)."""
+        return {}
 
     def add_voice(self, preset: VoicePreset) -> None:
         """Prepare ``preset`` (once; may read or write a feature cache) and offer it by name."""

@@ -24,18 +24,25 @@ Sampling: each text segment gets its own CPU ``torch.Generator``. With ``seed`` 
 the seed and the segment's content, so a request's audio does not depend on what shares its batch;
 without it, from fresh randomness.
 
-Scheduling limits (left to the issue-4 scheduler): a request that finds no free KV slot yields empty
-steps until one frees; the engine keeps stepping it meanwhile.
+Admission: ``capacity()`` is the number of KV slots; the engine opens at most that many streams at
+once (``can_admit``) and queues the rest, so an open stream always finds a slot for its next segment.
+Chunks are returned as float tensors on the model's device: the engine resamples and converts them
+to int16 there, in one batch per step.
 
 ``speed != 1`` follows upstream: that request is synthesised offline (full-attention flow once the LLM
 is done) and its mel is time-scaled by linear interpolation; its first audio comes later.
 
 Memory: the KV cache holds ``max_batch_size`` slots of ``max_llm_len`` positions (see
-``kv_cache_bytes``); issue 4 sizes both from a GPU budget through these two constructor arguments.
+``kv_cache_bytes``). With a ``memory_budget`` the slot count is planned from it (tts_engine/memory.py):
+weights measured, an activation reserve per row, the rest KV slots, at most ``max_batch_size``.
+
+Benchmarks: ``fixed_llm_tokens=N`` makes every text segment generate exactly N speech tokens (stop
+tokens masked until N, stop at N), so random weights do the work of real speech.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -56,6 +63,7 @@ from cosyvoice.token2wav import HopJob, SpeakerPrompt
 from tts_engine.backends.base import Backend
 from tts_engine.backends.cosyvoice_request import CosyVoiceStream, Segment, SpeedScaledStream
 from tts_engine.errors import EngineError
+from tts_engine.memory import MemoryBudget, MemoryPlan, estimate_activation_bytes_per_row, module_bytes
 from tts_engine.voices import PromptAudio, VoiceError, VoicePreset, decode_prompt_wav, preset_cache_path
 
 __all__ = ["CosyVoiceBackend", "kv_cache_bytes"]
@@ -147,7 +155,12 @@ class CosyVoiceBackend(Backend):
         voice_cache_dir: str | Path | None = None,
         default_voice: str = "default",
         max_segment_seconds: float | None = None,
+        memory_budget: MemoryBudget | None = None,
+        fixed_llm_tokens: int | None = None,
+        llm_backend: str = "native",
     ) -> None:
+        if llm_backend not in ("native", "vllm"):
+            raise ValueError(f"llm_backend must be 'native' or 'vllm', got {llm_backend!r}")
         if max_batch_size < 1 or max_llm_len < 1 or max_text_chars < 1:
             raise ValueError("max_batch_size, max_llm_len and max_text_chars must be >= 1")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
@@ -162,8 +175,25 @@ class CosyVoiceBackend(Backend):
                 use_rl_llm=use_rl_llm,
                 max_seconds=max_segment_seconds,
             )
+        if fixed_llm_tokens is not None and (isinstance(fixed_llm_tokens, bool) or fixed_llm_tokens < 1):
+            raise ValueError(f"fixed_llm_tokens must be a positive int or None, got {fixed_llm_tokens!r}")
         self.model = model
+        self.device = model.llm.speech_embedding.weight.device
+        self.fixed_llm_tokens = fixed_llm_tokens
         self.fingerprint = model_fingerprint(model)
+        self.memory_plan: MemoryPlan | None = None
+        self.weights_bytes = module_bytes(model.llm, model.token2wav.flow, model.token2wav.hift)
+        if memory_budget is not None:
+            self.memory_plan = memory_budget.plan(
+                weights_bytes=self.weights_bytes,
+                kv_bytes_per_slot=kv_cache_bytes(model, max_batch=1, max_len=max_llm_len),
+                activation_bytes_per_row=estimate_activation_bytes_per_row(
+                    model, model.llm.speech_embedding.weight.element_size()
+                ),
+                max_batch_size=max_batch_size,
+            )
+            max_batch_size = self.memory_plan.num_slots
+            log.info("cosyvoice memory plan: %s", self.memory_plan)
         self.max_batch_size = max_batch_size
         self.max_llm_len = max_llm_len
         self.max_text_chars = max_text_chars
@@ -172,7 +202,19 @@ class CosyVoiceBackend(Backend):
         self._preferred_voice = default_voice
         self._voices: dict[str, _Voice] = {}
         self._streams: set[int] = set()  # ids of open streams (debugging/metrics)
-        self.runner = LLMRunner(model.llm, max_batch=max_batch_size, max_len=max_llm_len)
+        if llm_backend == "vllm":  # optional extra (pip install .[vllm]), imported only when chosen
+            from tts_engine.llm_vllm import VLLMRunner
+
+            self.runner = VLLMRunner.from_model_dir(
+                model.llm,
+                model.config.files.model_dir,
+                use_rl_llm=use_rl_llm,
+                max_batch=max_batch_size,
+                max_len=max_llm_len,
+                dtype=str(model.llm.speech_embedding.weight.dtype).removeprefix("torch."),
+            )
+        else:
+            self.runner = LLMRunner(model.llm, max_batch=max_batch_size, max_len=max_llm_len)
 
     # -- voices --------------------------------------------------------------------------------
 
@@ -261,6 +303,9 @@ class CosyVoiceBackend(Backend):
                 prompt = model.build_llm_prompt(piece, voice.record, mode, instruct or None)
                 generator = torch.Generator(device="cpu").manual_seed(self._seed_for(piece, name, instruct))
                 llm = model.new_llm_request(prompt, generator=generator, num_prompt_tokens=num_prompt)
+                if self.fixed_llm_tokens is not None:
+                    llm.lengths = dataclasses.replace(llm.lengths, mask_all_stops_before_min=True)
+                    llm.min_len = llm.max_len = self.fixed_llm_tokens
             except (TextError, LLMInputError, SpeakerError) as exc:
                 raise ValueError(f"cannot synthesise {piece[:40]!r}: {exc}") from exc
             self._fit_cache(llm)
@@ -301,6 +346,31 @@ class CosyVoiceBackend(Backend):
     @property
     def num_open_streams(self) -> int:
         return len(self._streams)
+
+    # -- capacity and memory -------------------------------------------------------------------
+
+    def capacity(self) -> int:
+        """KV cache slots: every open stream holds one (for its current segment) until it closes."""
+        return self.max_batch_size
+
+    def can_admit(self, num: int = 1) -> bool:
+        return len(self._streams) + num <= self.max_batch_size
+
+    def memory_stats(self) -> dict[str, int | float]:
+        stats: dict[str, int | float] = {
+            "kv_slots": self.max_batch_size,
+            "kv_slots_free": self.runner.num_free_slots,
+            "open_streams": len(self._streams),
+        }
+        if self.memory_plan is not None:
+            stats.update(self.memory_plan.as_stats())
+        if self.device.type == "cuda":
+            stats["memory_used_bytes"] = torch.cuda.memory_allocated(self.device)
+            stats["memory_peak_bytes"] = torch.cuda.max_memory_allocated(self.device)
+        else:
+            kv = kv_cache_bytes(self.model, max_batch=self.max_batch_size, max_len=self.max_llm_len)
+            stats["memory_used_bytes"] = self.weights_bytes + kv  # the KV pool is allocated whole at start-up
+        return stats
 
     # -- one scheduler step --------------------------------------------------------------------
 

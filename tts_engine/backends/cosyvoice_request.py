@@ -100,11 +100,11 @@ class CosyVoiceStream(BackendStream):
             return None
         return self.segments[self._current].wave.next_job()
 
-    def take(self, chunk: torch.Tensor | None) -> np.ndarray | None:
+    def take(self, chunk: torch.Tensor | None) -> torch.Tensor | np.ndarray | None:
         """This step's result for the engine: audio (maybe empty), or None once everything was played."""
         self._skip_done()
         if chunk is not None and chunk.numel():
-            return chunk.detach().to("cpu", torch.float32).numpy()
+            return chunk.detach()  # stays on the device: the engine post-processes it there
         if self._current >= len(self.segments):
             return None
         return _EMPTY

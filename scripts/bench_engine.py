@@ -1,0 +1,230 @@
+"""Engine-level serving benchmark: N concurrent streams through one batching TTSEngine vs one at a time.
+
+    python scripts/bench_engine.py [--streams 1,4,8,16,32] [--preset tiny|full] [--device cpu|cuda]
+                                   [--tokens-per-sentence 50] [--sentences 2] [--rate 16000]
+                                   [--max-lead-s 2.0] [--gpu-memory-gib G] [--model-dir DIR] [--no-baseline]
+
+Random weights (``scripts.make_tiny_model``; ``full`` has the Fun-CosyVoice3-0.5B-2512 dimensions, about
+3.4 GB, written once under ``models/.bench/``) and a synthetic speaker; the LLM is forced to emit exactly
+``--tokens-per-sentence`` speech tokens per sentence (``CosyVoiceBackend(fixed_llm_tokens=...)``; 25
+tokens = 1 s), so the work is that of real speech. Each stream asks for ``--sentences`` sentences one
+after the other (the next as soon as the previous one's audio has arrived, as the gateway does) and
+plays them at real time: a consumer with a ``--max-lead-s`` playback buffer that reads no further ahead.
+
+Per concurrency it prints: first-chunk latency p50/p95, per-stream real-time factor (time from request
+to its last chunk / audio seconds; the playback buffer bounds it below by (audio - lead) / audio), the
+aggregate seconds of audio per second of wall time, the share of streams that ever ran dry (a chunk
+arrived after the audio before it had finished playing), the mean batch size, and peak memory (CUDA:
+``max_memory_allocated``; CPU: the engine's planned weights + KV pool). Then the same streams through
+an engine that serves one request at a time (``max_batch_size=1``: the rest queue), and the ratios.
+
+Imports only torch / numpy / tokenizers / safetensors / pyyaml / onnxruntime (no web stack).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import torch  # noqa: E402
+
+from cosyvoice.model import CosyVoice3  # noqa: E402
+from scripts.bench_cosyvoice import synthetic_speaker  # noqa: E402
+from scripts.make_tiny_model import make_model_dir  # noqa: E402
+from tts_engine import TTSEngine  # noqa: E402
+from tts_engine.backends.cosyvoice import CosyVoiceBackend  # noqa: E402
+from tts_engine.memory import MemoryBudget  # noqa: E402
+from tts_engine.voices import VoicePreset, preset_cache_path  # noqa: E402
+
+SENTENCE = "今天天气很好，我们一起去公园散步吧。"
+TOKENS_PER_SECOND = 25
+MIB = 1 << 20
+
+
+@dataclass
+class StreamResult:
+    first_chunk_s: float
+    rtf: float
+    audio_s: float
+    ran_dry: bool
+
+
+@dataclass
+class RunResult:
+    streams: list[StreamResult]
+    wall_s: float
+    mean_batch: float
+    peak_mib: float
+
+    def row(self) -> dict[str, float]:
+        first = sorted(s.first_chunk_s for s in self.streams)
+        return {
+            "first_p50_ms": 1000 * statistics.median(first),
+            "first_p95_ms": 1000 * first[min(len(first) - 1, round(0.95 * (len(first) - 1)))],
+            "rtf_mean": statistics.fmean(s.rtf for s in self.streams),
+            "audio_per_s": sum(s.audio_s for s in self.streams) / self.wall_s,
+            "ran_dry_pct": 100 * sum(s.ran_dry for s in self.streams) / len(self.streams),
+            "mean_batch": self.mean_batch,
+            "peak_mib": self.peak_mib,
+        }
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--streams", default="1,4,8,16,32", help="comma-separated concurrency levels")
+    parser.add_argument("--preset", choices=("tiny", "full"), default="tiny")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
+    parser.add_argument("--tokens-per-sentence", type=int, default=50)
+    parser.add_argument("--sentences", type=int, default=2, help="sentences per stream")
+    parser.add_argument("--rate", type=int, default=16000, help="output sample rate of every stream")
+    parser.add_argument("--max-lead-s", type=float, default=2.0, help="consumer playback buffer (seconds)")
+    parser.add_argument("--gpu-memory-gib", type=float, default=None, help="engine budget (default: none)")
+    parser.add_argument("--max-llm-len", type=int, default=1024)
+    parser.add_argument("--prompt-seconds", type=float, default=3.0)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--model-dir", type=Path, default=None)
+    parser.add_argument("--no-baseline", action="store_true", help="skip the one-at-a-time runs")
+    return parser.parse_args(argv)
+
+
+def load_model(args: argparse.Namespace) -> CosyVoice3:
+    model_dir = args.model_dir or REPO_ROOT / "models" / ".bench" / f"{args.preset}-seed0"
+    if not (model_dir / "cosyvoice3.yaml").is_file():
+        print(f"writing a random-weight {args.preset} model to {model_dir} ...", file=sys.stderr)
+        make_model_dir(model_dir, args.preset, seed=0, onnx_models=False)
+    dtype = getattr(torch, args.dtype)
+    return CosyVoice3.from_pretrained(
+        model_dir, device=torch.device(args.device), dtype=dtype, max_seconds=60
+    )
+
+
+def make_backend(
+    model: CosyVoice3, args: argparse.Namespace, max_batch: int, voice_dir: Path
+) -> CosyVoiceBackend:
+    budget = None
+    if args.gpu_memory_gib is not None:
+        budget = MemoryBudget.from_gib(args.gpu_memory_gib, args.device)
+    backend = CosyVoiceBackend(
+        model=model, seed=0, max_batch_size=max_batch, max_llm_len=args.max_llm_len, voice_cache_dir=voice_dir,
+        memory_budget=budget, fixed_llm_tokens=args.tokens_per_sentence,
+    )  # fmt: skip
+    # A synthetic speaker, registered through the voice cache (no ONNX frontend needed).
+    wav = voice_dir / "bench.wav"
+    wav.write_bytes(b"synthetic speaker: see bench_cosyvoice.synthetic_speaker")
+    preset = VoicePreset(name="bench", prompt_wav=wav, prompt_text="synthetic")
+    synthetic_speaker(model, args.prompt_seconds).save(
+        preset_cache_path(preset, voice_dir, key=backend.fingerprint)
+    )
+    backend.add_voice(preset)
+    return backend
+
+
+async def one_stream(engine: TTSEngine, args: argparse.Namespace, start: float) -> StreamResult:
+    """Sentences one after the other, consumed at real time with a bounded playback buffer."""
+    first_at: float | None = None
+    audio_s = 0.0  # audio received so far
+    ran_dry = False
+    for _ in range(args.sentences):
+        async for chunk in engine.synthesize(SENTENCE, voice="bench", sample_rate=args.rate):
+            now = time.perf_counter()
+            if first_at is None:
+                first_at = now
+            elif now > first_at + audio_s:  # everything received before had finished playing
+                ran_dry = True
+                first_at = now - audio_s  # playback resumes when the chunk arrives
+            audio_s += chunk.size / args.rate
+            lead = first_at + audio_s - now  # buffered audio not yet played
+            if lead > args.max_lead_s:
+                await asyncio.sleep(lead - args.max_lead_s)
+    last = time.perf_counter()
+    if first_at is None:
+        raise RuntimeError("the stream produced no audio")
+    return StreamResult(first_at - start, (last - start) / max(audio_s, 1e-9), audio_s, ran_dry)
+
+
+async def run_level(
+    model: CosyVoice3, args: argparse.Namespace, num_streams: int, max_batch: int
+) -> RunResult:
+    with tempfile.TemporaryDirectory() as tmp:
+        backend = make_backend(model, args, max_batch, Path(tmp))
+        engine = TTSEngine(backend, max_queue_wait_s=None, max_pending_requests=max(256, 2 * num_streams))
+        await engine.start()
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        try:
+            start = time.perf_counter()
+            streams = await asyncio.gather(*(one_stream(engine, args, start) for _ in range(num_streams)))
+            wall = time.perf_counter() - start
+            stats = engine.stats
+        finally:
+            await engine.close()
+    if args.device.startswith("cuda"):
+        peak = torch.cuda.max_memory_allocated() / MIB
+    else:
+        peak = stats.get("memory_used_bytes", 0) / MIB
+    return RunResult(list(streams), wall, float(stats["mean_batch_size"]), peak)
+
+
+def print_row(label: str, n: int, row: dict[str, float]) -> None:
+    print(
+        f"{label:<9} {n:>7} {row['first_p50_ms']:>9.0f} {row['first_p95_ms']:>9.0f} {row['rtf_mean']:>8.2f} "
+        f"{row['audio_per_s']:>10.2f} {row['ran_dry_pct']:>8.0f} {row['mean_batch']:>7.1f} {row['peak_mib']:>9.0f}"
+    )
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    levels = [int(n) for n in args.streams.split(",") if n.strip()]
+    model = load_model(args)
+    audio_s = args.sentences * args.tokens_per_sentence / TOKENS_PER_SECOND
+    print(
+        f"preset={args.preset} device={args.device} dtype={args.dtype} tokens/sentence={args.tokens_per_sentence} "
+        f"sentences/stream={args.sentences} (~{audio_s:.1f} s audio per stream) rate={args.rate} "
+        f"lead={args.max_lead_s}s threads={torch.get_num_threads()}"
+    )
+    await run_level(model, args, 1, 1)  # warm-up
+    header = (
+        f"{'engine':<9} {'streams':>7} {'p50_ms':>9} {'p95_ms':>9} {'rtf':>8} {'audio/s':>10} {'dry_%':>8}"
+    )
+    print(header + f" {'batch':>7} {'peak_MiB':>9}")
+    ratios = []
+    for n in levels:
+        batched = (await run_level(model, args, n, max(levels))).row()
+        print_row("batched", n, batched)
+        if not args.no_baseline:
+            solo = (await run_level(model, args, n, 1)).row()
+            print_row("one-at-1", n, solo)
+            ratios.append(
+                (
+                    n,
+                    batched["audio_per_s"] / solo["audio_per_s"],
+                    solo["first_p95_ms"] / batched["first_p95_ms"],
+                )
+            )
+        sys.stdout.flush()
+    for n, throughput, latency in ratios:
+        print(f"streams={n}: aggregate audio/s batched / one-at-a-time = {throughput:.2f}x; "
+              f"first-chunk p95 one-at-a-time / batched = {latency:.2f}x")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    asyncio.run(main_async(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""The engine thread's half of ``TTSEngine``: the loop that owns every backend call.
+
+``EngineThread`` holds the methods that run in the engine thread: the loop (block on the inbox when
+the scheduler has no work), inbox commands, one step (schedule -> backend -> drain aborts -> update ->
+batched post-processing -> delivery) and the one way out (``_finish_requests``). ``TTSEngine``
+(tts_engine/engine.py) subclasses it and adds the event-loop API; it sets the attributes declared
+below. Results reach the loop only through ``_post`` (``loop.call_soon_threadsafe``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tts_engine.backends.base import Backend
+from tts_engine.errors import EngineError, EngineOverloaded, SynthesisFailed
+from tts_engine.postprocess import postprocess_chunks
+from tts_engine.request import EngineRequest, RequestStatus
+from tts_engine.resample import StreamingResampler
+from tts_engine.scheduler import Scheduler, StepPlan
+
+logger = logging.getLogger("tts_engine.engine")
+
+
+@dataclass(frozen=True, slots=True)
+class _NewRequest:
+    request: EngineRequest
+
+
+@dataclass(frozen=True, slots=True)
+class _Abort:
+    req_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """Run ``fn`` in the engine thread between steps; its outcome goes to ``future`` on the loop."""
+
+    fn: Callable[[], Any]
+    future: asyncio.Future[Any]
+
+
+class _Resume:
+    """A consumer made room under the buffer bound; the command itself carries nothing."""
+
+
+class _Shutdown:
+    pass
+
+
+_RESUME = _Resume()
+_SHUTDOWN = _Shutdown()
+_Command = _NewRequest | _Abort | _Call | _Resume | _Shutdown
+
+
+class _LoopGone(Exception):
+    """The event loop the engine was started on is closed; nobody can receive output any more."""
+
+
+class EngineThread:
+    """The engine-thread methods of ``TTSEngine`` (which sets these attributes in its ``__init__``)."""
+
+    _backend: Backend
+    _scheduler: Scheduler
+    _inbox: queue.Queue[_Command]
+    _loop: asyncio.AbstractEventLoop | None
+    _counts: dict[str, int]
+    _num_received: int
+    _is_shutting_down: bool
+    _crash: BaseException | None
+    max_queue_wait_s: float | None
+
+    def _finish_call(self, outcome: tuple[asyncio.Future[Any], Any, BaseException | None, Any]) -> None:
+        raise NotImplementedError  # on the loop side (TTSEngine)
+
+    def _on_thread_stopped(self, crash: BaseException | None) -> None:
+        raise NotImplementedError  # on the loop side (TTSEngine)
+
+    def _run(self) -> None:
+        crash: BaseException | None = None
+        try:
+            scheduler = self._scheduler
+            while not self._is_shutting_down:
+                block = not scheduler.has_work()
+                self._process_inbox(block=block, timeout=scheduler.get_wait_timeout() if block else None)
+                if not self._is_shutting_down:
+                    self._step()
+        except _LoopGone:
+            logger.warning("event loop closed under the TTS engine; stopping its thread")
+        except BaseException as exc:  # noqa: BLE001 - reported to every open stream, then the thread ends
+            logger.exception("TTS engine thread crashed")
+            crash = self._crash = exc
+        finally:
+            self._finish_requests(list(self._scheduler.requests), RequestStatus.FINISHED_CLOSED)
+            try:
+                self._backend.close()
+            except Exception:  # noqa: BLE001
+                logger.exception("closing the %s backend failed", self.backend_name)
+            try:
+                self._post(self._on_thread_stopped, crash)
+            except _LoopGone:
+                pass  # nobody is waiting
+
+    def _process_inbox(self, *, block: bool, timeout: float | None = None) -> None:
+        """Apply every command in the inbox, first waiting for one (at most ``timeout`` s) if ``block``."""
+        try:
+            command = self._inbox.get(timeout=timeout) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if isinstance(command, _Shutdown):
+                self._is_shutting_down = True
+                return
+            if isinstance(command, _NewRequest):
+                self._num_received += 1
+                self._scheduler.add_request(command.request)
+            elif isinstance(command, _Abort):
+                self._finish_requests([command.req_id], RequestStatus.FINISHED_ABORTED)
+            elif isinstance(command, _Call):
+                self._run_call(command)
+            try:
+                command = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _run_call(self, call: _Call) -> None:
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            result = call.fn()
+        except Exception as exc:  # noqa: BLE001 - handed to the caller on the loop
+            error = exc
+        voices: Any = None
+        try:
+            voices = (list(self._backend.voices()), self._backend.default_voice)
+        except Exception:  # noqa: BLE001 - keep the old list
+            logger.exception("reading the voices of the %s backend failed", self.backend_name)
+        self._post(self._finish_call, (call.future, result, error, voices))
+
+    def _open_backend_stream(self, request: EngineRequest) -> Any:
+        backend = self._backend
+        instruct = request.instruct if backend.supports_instruct else None
+        if request.prompt_audio is not None:
+            return backend.open_zero_shot_stream(
+                request.text, request.prompt_audio, request.prompt_text, request.speed, instruct
+            )
+        if instruct is not None:
+            return backend.open_stream(request.text, request.voice, request.speed, instruct=instruct)
+        return backend.open_stream(request.text, request.voice, request.speed)
+
+    def _step(self) -> None:
+        """schedule -> backend -> drain aborts -> update -> batched post-processing -> delivery."""
+        scheduler = self._scheduler
+        plan = scheduler.schedule()
+        for req_id in plan.timed_out_req_ids:
+            waited = self.max_queue_wait_s
+            error = EngineOverloaded(f"request {req_id} waited {waited} s for capacity and got none")
+            self._finish_requests([req_id], RequestStatus.FINISHED_FAILED, error)
+        self._open_new(plan)
+        scheduled = [r for r in plan.scheduled if not r.status.is_finished()]
+        plan.scheduled = scheduled
+        if not scheduled:
+            return
+        self._counts["steps_total"] += 1
+        self._counts["step_streams_total"] += len(scheduled)
+        try:
+            outputs: list[Any] = list(self._backend.step([r.backend_stream for r in scheduled]))
+            if len(outputs) != len(scheduled):
+                raise EngineError(f"backend returned {len(outputs)} results for {len(scheduled)} streams")
+        except Exception as exc:  # noqa: BLE001 - the whole batch failed; the engine goes on
+            outputs = [exc] * len(scheduled)
+        self._process_inbox(block=False)  # aborts that arrived during the step win over its output
+        if self._is_shutting_down:
+            return
+        result = scheduler.update_from_output(plan, outputs)
+        for request, error in result.failed:
+            self._finish_requests([request.req_id], RequestStatus.FINISHED_FAILED, error)
+        chunks = [(r, c) for r, c in result.chunks if not _is_empty(c)]
+        for (request, _), pcm in zip(chunks, postprocess_chunks(chunks), strict=True):
+            self._deliver_or_fail(request, pcm)
+        for request in result.stopped:
+            try:
+                pcm = request.flush_pcm()
+            except Exception as exc:  # noqa: BLE001 - a bad tail fails only its request
+                pcm = exc
+            if self._deliver_or_fail(request, pcm):
+                self._finish_requests([request.req_id], RequestStatus.FINISHED_STOPPED)
+
+    def _open_new(self, plan: StepPlan) -> None:
+        """Open the backend streams of the requests admitted this step; a failure fails that request."""
+        for request in plan.new_requests:
+            try:
+                request.backend_stream = self._open_backend_stream(request)
+                request.resampler = StreamingResampler(
+                    self._backend.sample_rate, request.sample_rate, device=self._backend.device
+                )
+            except Exception as exc:  # noqa: BLE001 - fails this request only
+                self._finish_requests([request.req_id], RequestStatus.FINISHED_FAILED, exc)
+
+    def _deliver_or_fail(self, request: EngineRequest, pcm: np.ndarray | BaseException) -> bool:
+        if isinstance(pcm, BaseException):
+            self._finish_requests([request.req_id], RequestStatus.FINISHED_FAILED, pcm)
+            return False
+        self._deliver(request, pcm)
+        return True
+
+    def _deliver(self, request: EngineRequest, pcm: np.ndarray) -> None:
+        if pcm.size == 0:
+            return  # the resampler is still filling its window
+        request.num_chunks += 1
+        request.credit.num_produced += 1
+        self._counts["chunks_total"] += 1
+        self._counts["samples_total"] += pcm.size
+        request.credit.samples_produced += pcm.size
+        self._post(request.stream._push_chunk, pcm)
+
+    def _finish_requests(
+        self, req_ids: list[str], status: RequestStatus, error: BaseException | None = None
+    ) -> None:
+        """The one way out: the scheduler drops them, their backend streams close, their streams hear."""
+        finished = self._scheduler.finish_requests(req_ids, status)
+        for request in finished:
+            if request.backend_stream is not None:
+                try:
+                    request.backend_stream.close()
+                except Exception:  # noqa: BLE001
+                    logger.exception("closing the backend stream of %s failed", request.req_id)
+        for request in finished:
+            if status == RequestStatus.FINISHED_STOPPED:
+                self._counts["requests_finished"] += 1
+                self._post(request.stream._push_end, None)
+            elif status == RequestStatus.FINISHED_FAILED:
+                self._counts["requests_failed"] += 1
+                cause = error if error is not None else EngineError("unknown failure")
+                logger.warning("TTS request %s failed: %r", request.req_id, cause)
+                if not isinstance(cause, EngineOverloaded):  # a timed-out wait raises EngineOverloaded itself
+                    cause = SynthesisFailed(request.req_id, cause)
+                self._post(request.stream._push_end, cause)
+            elif status == RequestStatus.FINISHED_ABORTED:
+                self._counts["requests_aborted"] += 1
+            # FINISHED_CLOSED: the loop side fails open streams itself once the thread has stopped.
+
+    def _post(self, callback: Callable[[Any], None], arg: Any) -> None:
+        """Run ``callback(arg)`` on the event loop."""
+        loop = self._loop
+        if loop is None:
+            raise _LoopGone("engine was never started")
+        try:
+            loop.call_soon_threadsafe(callback, arg)
+        except RuntimeError as exc:  # the loop is closed
+            raise _LoopGone from exc
+
+
+def _is_empty(chunk: Any) -> bool:
+    size = getattr(chunk, "size", None)
+    if callable(size):  # torch.Tensor.size() is a method
+        return chunk.numel() == 0
+    return size == 0
