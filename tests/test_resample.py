@@ -128,17 +128,23 @@ def test_batched_offline_matches_rows() -> None:
     y = resample(x, 22050, 16000)
     assert y.shape == (3, output_length(1500, 22050, 16000))
     for row in range(3):
-        torch.testing.assert_close(y[row], resample(x[row], 22050, 16000), atol=2e-6, rtol=1e-6)  # float rounding only
+        torch.testing.assert_close(
+            y[row], resample(x[row], 22050, 16000), atol=2e-6, rtol=1e-6
+        )  # float rounding only
 
 
 def test_flush_and_reset_start_a_new_stream() -> None:
     a, b = torch.randn(900), torch.randn(700)
     resampler = StreamingResampler(24000, 16000)
     stream(resampler, a, [300, 300, 300])
-    torch.testing.assert_close(stream(resampler, b, [350, 350]), resample(b, 24000, 16000), atol=2e-6, rtol=1e-6)  # float rounding only
+    torch.testing.assert_close(
+        stream(resampler, b, [350, 350]), resample(b, 24000, 16000), atol=2e-6, rtol=1e-6
+    )  # float rounding only
     resampler.process(a)
     resampler.reset()
-    torch.testing.assert_close(stream(resampler, b, [700]), resample(b, 24000, 16000), atol=2e-6, rtol=1e-6)  # float rounding only
+    torch.testing.assert_close(
+        stream(resampler, b, [700]), resample(b, 24000, 16000), atol=2e-6, rtol=1e-6
+    )  # float rounding only
 
 
 def test_dtype_and_device_follow_the_resampler() -> None:
