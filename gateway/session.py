@@ -13,7 +13,7 @@ import logging
 import time
 import unicodedata
 import uuid
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import Coroutine
 from typing import Any, Protocol
 
 import numpy as np
@@ -23,11 +23,8 @@ from gateway.asr import ASRError, ASRNotConfigured
 from gateway.listener import Listener, ListenEvent, UtteranceEnded, UtteranceStarted
 from gateway.llm.conversation import Conversation
 from gateway.mcp_client import DeviceMcpClient
-from gateway.pacer import Pacer
-from gateway.reply import Reply, fixed_sentences
-from gateway.segmenter import SentenceSegmenter
 from gateway.services import Services
-from gateway.speaker import Speaker
+from gateway.turns import Turns
 from gateway.xiaozhi import (
     Abort,
     AudioParams,
@@ -90,6 +87,14 @@ class Session:
         )
         self.listener = Listener(cfg.asr.vad, max_utterance_s=cfg.audio.max_utterance_s)
         self.conversation = Conversation(cfg.llm.system_prompt, max_turns=cfg.llm.max_history_turns)
+        self.turns = Turns(
+            services=services,
+            send=self._send,
+            encoder=self.encoder,
+            sample_rate=self.sample_rate,
+            conversation=self.conversation,
+            features=lambda: self.features,
+        )
         self.mode = ListenMode.AUTO
         self.listening = False
         self.features: dict[str, Any] = {}
@@ -271,14 +276,14 @@ class Session:
         bare = _bare(text)
         if bare and bare in {_bare(w) for w in cfg.wake_words}:
             if cfg.enable_greeting:
-                await self._start_turn(self._spoken_turn(None, [cfg.greeting], kind="greeting"))
+                await self._start_turn(self.turns.spoken(None, [cfg.greeting], kind="greeting"))
             else:
-                await self._start_turn(self._spoken_turn(text, [], kind="greeting"))
+                await self._start_turn(self.turns.spoken(text, [], kind="greeting"))
             return
         if bare and bare in {_bare(w) for w in cfg.exit_commands}:
             await self._start_turn(self._exit_turn(text))
             return
-        await self._start_turn(self._query_turn(text))
+        await self._start_turn(self.turns.query(text))
 
     # ---- turns -------------------------------------------------------------
 
@@ -322,70 +327,6 @@ class Session:
         finally:
             self._touch()
 
-    async def _speak(self, sentences: AsyncIterator[str], t_query: float) -> None:
-        cfg = self.services.config.audio
-        metrics = self.services.metrics
-        pacer = Pacer(
-            frame_s=cfg.frame_ms / 1000,
-            lead_frames=cfg.prebuffer_frames,
-            not_before=time.monotonic() + cfg.start_gap_ms / 1000,
-        )
-        speaker = Speaker(
-            engine=self.services.engine,
-            encoder=self.encoder,
-            send=self._send,
-            voice=self.services.config.tts.voice,
-            sample_rate=self.sample_rate,
-            pacer=pacer,
-            on_frame=metrics.frames_sent.inc,
-            on_sentence_error=metrics.tts_errors.inc,
-        )
-        result = await speaker.speak(sentences)
-        if result.first_frame_at is not None:
-            metrics.first_audio_seconds.observe(result.first_frame_at - t_query)
-        if result.underruns:
-            metrics.underruns.inc(result.underruns)
-        delay = pacer.stop_time(cfg.stop_margin_ms / 1000) - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-
-    async def _spoken_turn(self, stt_text: str | None, texts: list[str], *, kind: str) -> None:
-        """A turn with fixed sentences (greeting, notices)."""
-        self.services.metrics.turns_total.labels(kind).inc()
-        t_query = time.monotonic()
-        if stt_text is not None:
-            await self._send(Stt(text=stt_text))
-        await self._send(TtsStart())
-        try:
-            await self._speak(fixed_sentences(texts), t_query)
-        finally:
-            await self._send(TtsStop())
-
-    async def _query_turn(self, text: str) -> None:
-        self.services.metrics.turns_total.labels("query").inc()
-        t_query = time.monotonic()
-        cfg = self.services.config
-        await self._send(Stt(text=text))
-        await self._send(TtsStart())
-        reply = Reply(
-            llm=self.services.llm,
-            messages=self.conversation.messages_for(text),
-            segmenter=SentenceSegmenter(
-                first_segment_at_comma=cfg.segmenter.first_segment_at_comma,
-                max_chars=cfg.segmenter.max_chars,
-            ),
-            send=self._send,
-            apology=cfg.llm.apology,
-            send_emotion=self.features.get("emoji", True) is not False,
-            on_error=self.services.metrics.llm_errors.inc,
-        )
-        try:
-            await self._speak(reply.sentences(), t_query)
-        finally:
-            if reply.text.strip():
-                self.conversation.add_turn(text, reply.text)
-            await self._send(TtsStop())
-
     # ---- speech (listen modes, protocol §9 b-d) -------------------------------
 
     async def _on_speech(self, event: ListenEvent) -> None:
@@ -427,13 +368,13 @@ class Session:
             text = (await self.services.asr.transcribe(pcm)).strip()
         except ASRNotConfigured:
             reply = self.services.config.asr.not_configured_reply
-            await self._start_turn(self._spoken_turn(None, [reply], kind="notice"))
+            await self._start_turn(self.turns.spoken(None, [reply], kind="notice"))
             return
         except ASRError as exc:
             log.warning("session %s: ASR failed: %s", self.session_id, exc)
             return
         if text:
-            await self._start_turn(self._query_turn(text))
+            await self._start_turn(self.turns.query(text))
 
     async def _exit_turn(self, text: str) -> None:
         self.services.metrics.turns_total.labels("exit").inc()
