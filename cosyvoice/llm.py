@@ -302,6 +302,19 @@ class LLMRequest:
         return StepOutput(token, to_flow, self.finished)
 
 
+def check_new_requests(requests: Sequence[LLMRequest], *, max_len: int, free_slots: int) -> None:
+    """What every runner checks before a prefill: new requests that fit the cache and its slots."""
+    for request in requests:
+        if request.slot is not None or request.finished:
+            raise LLMInputError("prefill takes new requests only")
+        if request.num_cache_positions > max_len:
+            raise LLMInputError(
+                f"request needs {request.num_cache_positions} cache positions, cache max_len {max_len}"
+            )
+    if len(requests) > free_slots:
+        raise LLMInputError(f"{len(requests)} requests but {free_slots} free slots")
+
+
 class LLMRunner:
     """Runs batches of :class:`LLMRequest` on one model and one slot cache.
 
@@ -323,15 +336,7 @@ class LLMRunner:
     def prefill(self, requests: Sequence[LLMRequest]) -> list[StepOutput]:
         if not requests:
             return []
-        for request in requests:
-            if request.slot is not None or request.finished:
-                raise LLMInputError("prefill takes new requests only")
-            if request.num_cache_positions > self.cache.max_len:
-                raise LLMInputError(
-                    f"request needs {request.num_cache_positions} cache positions, cache max_len {self.cache.max_len}"
-                )
-        if len(requests) > self.cache.num_free_slots:
-            raise LLMInputError(f"{len(requests)} requests but {self.cache.num_free_slots} free slots")
+        check_new_requests(requests, max_len=self.cache.max_len, free_slots=self.cache.num_free_slots)
         prefixes = [self.model.embed_prompt(r.prompt) for r in requests]  # each [L_i, H]
         lengths = [p.shape[0] for p in prefixes]
         batch = nn.utils.rnn.pad_sequence(prefixes, batch_first=True)  # [B, Lmax, H]

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 from cosyvoice.export_hf import export_qwen2_hf, read_export_info
-from cosyvoice.llm import CosyVoice3LM, LLMInputError, LLMRequest, StepOutput
+from cosyvoice.llm import CosyVoice3LM, LLMInputError, LLMRequest, StepOutput, check_new_requests
 
 __all__ = ["VLLMRunner", "VLLMRunnerError", "VLLMUnavailableError", "default_export_dir", "ensure_export"]
 
@@ -185,15 +185,7 @@ class VLLMRunner:
     def prefill(self, requests: Sequence[LLMRequest]) -> list[StepOutput]:
         if not requests:
             return []
-        for request in requests:
-            if request.slot is not None or request.finished:
-                raise LLMInputError("prefill takes new requests only")
-            if request.num_cache_positions > self.cache.max_len:
-                raise LLMInputError(
-                    f"request needs {request.num_cache_positions} positions, max_len {self.cache.max_len}"
-                )
-        if len(requests) > len(self._free):
-            raise LLMInputError(f"{len(requests)} requests but {len(self._free)} free slots")
+        check_new_requests(requests, max_len=self.cache.max_len, free_slots=len(self._free))
         for request in requests:
             embeds = self.model.embed_prompt(request.prompt).detach().to("cpu")  # [L, H]
             if self.embed_dtype is not None:
