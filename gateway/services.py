@@ -184,6 +184,12 @@ class Services:
         self._anonymous += 1
         return f"anonymous-{self._anonymous}"
 
+    def _asr_warning(self) -> str | None:
+        warning = getattr(self.asr, "warning", None)
+        if warning is None and self.asr.name == "none":
+            return "speech recognition is not configured (asr.backend: none); typed text still works"
+        return warning
+
     def health(self) -> dict[str, Any]:
         engine = self.engine.health()
         status = "degraded" if self.tts_warning else "ok"
@@ -192,6 +198,6 @@ class Services:
             "sessions": len(self.sessions),
             "tts": {**engine, "warning": self.tts_warning},
             "llm": {"provider": self.config.llm.provider},
-            "asr": {"backend": self.asr.name},
+            "asr": {"backend": self.asr.name, "warning": self._asr_warning()},
             "audio": {"output_sample_rate": self.config.audio.output_sample_rate},
         }

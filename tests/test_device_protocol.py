@@ -405,3 +405,11 @@ async def test_health_and_metrics():
     assert "xz_first_audio_seconds_count 1.0" in metrics
     assert "xz_sessions_active 1.0" in metrics
     assert "xz_engine_" in metrics
+
+
+async def test_health_says_why_speech_recognition_is_off():
+    async with running_gateway(backend=fake()) as gw:
+        async with httpx.AsyncClient() as client:
+            health = (await client.get(f"{gw.url}/v1/health")).json()
+    assert health["asr"]["backend"] == "none"
+    assert "not configured" in health["asr"]["warning"]
