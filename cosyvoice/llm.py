@@ -315,6 +315,13 @@ def check_new_requests(requests: Sequence[LLMRequest], *, max_len: int, free_slo
         raise LLMInputError(f"{len(requests)} requests but {free_slots} free slots")
 
 
+def check_running_requests(requests: Sequence[LLMRequest]) -> None:
+    """What every runner checks before a decode step: prefilled requests that are still running."""
+    for request in requests:
+        if request.slot is None or request.finished or not request.out_tokens:
+            raise LLMInputError("decode_step takes prefilled, unfinished requests only")
+
+
 class LLMRunner:
     """Runs batches of :class:`LLMRequest` on one model and one slot cache.
 
@@ -356,9 +363,7 @@ class LLMRunner:
     def decode_step(self, requests: Sequence[LLMRequest]) -> list[StepOutput]:
         if not requests:
             return []
-        for request in requests:
-            if request.slot is None or request.finished or not request.out_tokens:
-                raise LLMInputError("decode_step takes prefilled, unfinished requests only")
+        check_running_requests(requests)
         tokens = torch.tensor(
             [r.out_tokens[-1] for r in requests], device=self.model.speech_embedding.weight.device
         )

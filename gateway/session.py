@@ -100,7 +100,6 @@ class Session:
         self.features: dict[str, Any] = {}
         self.mcp: DeviceMcpClient | None = None
         self._hello_done = False
-        self._seen_listen = False
         self._turn: asyncio.Task[None] | None = None
         self._turn_lock = asyncio.Lock()
         self._recognition: asyncio.Task[None] | None = None  # speech being recognised
@@ -250,7 +249,6 @@ class Session:
         await self._send(McpMessage(payload=payload))
 
     async def _on_listen(self, listen: Listen) -> None:
-        self._seen_listen = True
         if listen.state == ListenState.START:
             if listen.mode is not None:
                 self.mode = listen.mode

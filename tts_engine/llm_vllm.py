@@ -46,7 +46,13 @@ from typing import Any
 import torch
 
 from cosyvoice.export_hf import export_qwen2_hf, read_export_info
-from cosyvoice.llm import CosyVoice3LM, LLMInputError, LLMRequest, StepOutput, check_new_requests
+from cosyvoice.llm import (
+    CosyVoice3LM,
+    LLMRequest,
+    StepOutput,
+    check_new_requests,
+    check_running_requests,
+)
 
 __all__ = ["VLLMRunner", "VLLMRunnerError", "VLLMUnavailableError", "default_export_dir", "ensure_export"]
 
@@ -204,9 +210,7 @@ class VLLMRunner:
     def decode_step(self, requests: Sequence[LLMRequest]) -> list[StepOutput]:
         if not requests:
             return []
-        for request in requests:
-            if request.slot is None or request.finished or not request.out_tokens:
-                raise LLMInputError("decode_step takes prefilled, unfinished requests only")
+        check_running_requests(requests)
         return self._next_tokens(requests)
 
     def abort(self, request: LLMRequest) -> None:
