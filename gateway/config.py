@@ -164,6 +164,8 @@ class EngineConfig(_Section):
     max_batch_size: int = Field(64, ge=1, le=256)  # KV slots at most (the budget may allow fewer)
     max_llm_len: int = Field(4096, ge=64, le=65536)  # KV positions per slot
     llm_backend: Literal["native", "vllm"] = "native"  # vllm: pip install .[vllm], needs CUDA
+    # flow + vocoder rows per step; more ready hops wait a step, least playback slack served first
+    max_hop_rows: int = Field(16, ge=1, le=256)
 
     def memory_gib(self, gpu: GPUConfig) -> float:
         """The budget the engine plans with: explicit, else the TTS share of `gpu`, else the default."""

@@ -79,6 +79,7 @@ def create_tts_backend(
         max_batch_size=engine.max_batch_size,
         max_llm_len=engine.max_llm_len,
         llm_backend=engine.llm_backend,
+        max_hop_rows=engine.max_hop_rows,
     )
 
 

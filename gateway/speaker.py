@@ -2,7 +2,10 @@
 
 The next sentence starts synthesising while the current one plays (one
 sentence of look-ahead); `sentence_start` goes out just before the first audio
-of its sentence. Everything here runs inside the turn's task group, so a
+of its sentence. Each sentence tells the engine how much of this device's audio
+will play before it (`playback_ahead`: what the device still holds plus the
+unread audio of the sentences before it), so the engine's slack ranking puts a
+look-ahead sentence behind other devices' first chunks. Everything here runs inside the turn's task group, so a
 cancelled turn stops at its next await and sends nothing more.
 """
 
@@ -56,6 +59,8 @@ class Speaker:
         self._on_frame = on_frame
         self._on_sentence_error = on_sentence_error
         self.result = SpeakResult()
+        self._queued: list[SynthesisStream] = []  # open sentence streams, in playing order
+        self._unsent_frames = 0  # encoded frames of the current chunk still waiting for the pacer
 
     async def speak(self, sentences: AsyncIterator[str]) -> SpeakResult:
         ready: asyncio.Queue[tuple[str, SynthesisStream] | None] = asyncio.Queue(maxsize=1)
@@ -64,8 +69,11 @@ class Speaker:
                 tg.create_task(self._synthesise_ahead(sentences, ready))
                 while (item := await ready.get()) is not None:
                     text, stream = item
-                    async with stream:
-                        await self._play_sentence(text, stream)
+                    try:
+                        async with stream:
+                            await self._play_sentence(text, stream)
+                    finally:
+                        self._queued.remove(stream)
                 for packet in self._encoder.flush():
                     await self._send_frame(packet)
         finally:
@@ -82,19 +90,38 @@ class Speaker:
     ) -> None:
         async for text in sentences:
             try:
-                stream = self._engine.synthesize(text, voice=self._voice, sample_rate=self._rate)
+                stream = self._engine.synthesize(
+                    text,
+                    voice=self._voice,
+                    sample_rate=self._rate,
+                    playback_ahead=self._ahead_of(tuple(self._queued)),
+                )
             except EngineError as exc:
                 log.warning("synthesis of %r refused: %s", text[:40], exc)
                 if self._on_sentence_error:
                     self._on_sentence_error()
                 self.result.failed_sentences += 1
                 continue
+            self._queued.append(stream)
             try:
                 await ready.put((text, stream))
             except BaseException:
                 await stream.aclose()
                 raise
         await ready.put(None)
+
+    def _ahead_of(self, earlier: tuple[SynthesisStream, ...]) -> Callable[[], float]:
+        """Seconds of this device's audio that play before a sentence queued behind ``earlier``.
+        Runs on the engine thread: it only reads plain attributes (the tuple never changes)."""
+        pacer = self._pacer
+
+        def ahead() -> float:
+            play_end = pacer.play_end
+            on_device = max(0.0, play_end - time.monotonic()) if play_end is not None else 0.0
+            unsent = self._unsent_frames * pacer.frame_s
+            return on_device + unsent + sum(s.unread_seconds for s in earlier if not s.is_aborted)
+
+        return ahead
 
     async def _play_sentence(self, text: str, stream: SynthesisStream) -> None:
         announced = False
@@ -104,8 +131,11 @@ class Speaker:
                     await self._send(TtsSentenceStart(text=text))
                     self.result.spoken.append(text)
                     announced = True
-                for packet in self._encoder.encode(chunk):
+                packets = self._encoder.encode(chunk)
+                self._unsent_frames = len(packets)
+                for packet in packets:
                     await self._send_frame(packet)
+                    self._unsent_frames -= 1
         except EngineError as exc:
             log.warning("synthesis of %r failed: %s", text[:40], exc)
             self.result.failed_sentences += 1

@@ -160,6 +160,46 @@ def test_concurrent_requests_are_batched_and_match_solo_runs(
     assert backend.runner.num_free_slots == MAX_BATCH and backend.num_open_streams == 0
 
 
+def test_hop_rows_per_step_are_capped_in_the_given_priority_order(
+    model: CosyVoice3, voices: VoiceStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    texts = ["你好。", "早安。", "好的。"]
+    solo_backend = make_backend(model, voices, fixed_llm_tokens=40)
+    solo = [audio(run(solo_backend, [solo_backend.open_stream(t, "default", 1.0)])[0]) for t in texts]
+    backend = make_backend(model, voices, fixed_llm_tokens=40, max_hop_rows=1)
+    wave_batches: list[int] = []
+    wave_run = model.token2wav.run
+    monkeypatch.setattr(model.token2wav, "run", lambda jobs: wave_batches.append(len(jobs)) or wave_run(jobs))
+    streams = [backend.open_stream(t, "default", 1.0) for t in texts]
+    order = [2, 0, 1]  # the engine's ranking: stream 2 has the least slack
+    first_audio_step: dict[int, int] = {}
+    chunks: list[list[np.ndarray]] = [[] for _ in streams]
+    live = list(order)
+    for step in range(500):
+        if not live:
+            break
+        for i, out in zip(list(live), backend.step([streams[i] for i in live]), strict=True):
+            assert not isinstance(out, BaseException), out
+            if out is None:
+                streams[i].close()
+                live.remove(i)
+            elif out.size:
+                first_audio_step.setdefault(i, step)
+                chunks[i].append(out)
+    assert not live and max(wave_batches) == 1
+    assert backend.step_stats()["hops_deferred"] > 0
+    # all three reach their first hop together; the cap serves them one per step, in rank order
+    assert first_audio_step[2] < first_audio_step[0] < first_audio_step[1]
+    for got, want in zip(chunks, solo, strict=True):
+        np.testing.assert_allclose(audio(got), want, atol=1e-3)  # deferring a hop changes nothing
+
+
+def test_bad_hop_row_cap_is_refused(model: CosyVoice3, voices: VoiceStore) -> None:
+    for bad in (0, -1, True):
+        with pytest.raises(ValueError, match="max_hop_rows"):
+            make_backend(model, voices, max_hop_rows=bad)
+
+
 def test_closing_a_stream_frees_its_kv_slot_at_once(backend: CosyVoiceBackend) -> None:
     stream = backend.open_stream("你好。", "default", 1.0)
     other = backend.open_stream("早安。", "default", 1.0)

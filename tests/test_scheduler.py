@@ -63,6 +63,41 @@ def test_first_chunks_go_first_then_least_slack() -> None:
     assert ids(plan.scheduled) == ["new_a", "new_b", "dry", "middle", "ahead"]
 
 
+def test_audio_queued_ahead_counts_as_slack() -> None:
+    """A session's look-ahead sentence waits behind the audio still to play before it."""
+    scheduler, clock, _ = make_scheduler()
+    queued = [2.5]
+    lookahead = make_request("lookahead")
+    lookahead.playback_ahead = lambda: queued[0]
+    other_first = make_request("other_first")
+    running = make_request("running")
+    for request in (lookahead, other_first, running):
+        scheduler.add_request(request)
+        clock.now += 1
+    scheduler.schedule()
+    produce(running, samples=16000, consumed=16000 - 4800)  # 0.3 s unread
+    assert scheduler.get_slack(lookahead) == pytest.approx(2.5)
+    assert ids(scheduler.schedule().scheduled) == ["other_first", "running", "lookahead"]
+    queued[0] = 0.0  # the earlier sentence has played out: the look-ahead is a first chunk again
+    assert ids(scheduler.schedule().scheduled) == ["lookahead", "other_first", "running"]
+
+
+@pytest.mark.parametrize("hint", [float("nan"), -4.0, "soon", None])
+def test_a_bad_playback_ahead_hint_counts_as_nothing_ahead(hint) -> None:
+    scheduler, _, _ = make_scheduler()
+    request = make_request("r")
+
+    def ahead() -> float:
+        if hint is None:
+            raise RuntimeError("consumer went away")
+        return hint  # type: ignore[return-value]
+
+    request.playback_ahead = ahead
+    scheduler.add_request(request)
+    assert ids(scheduler.schedule().scheduled) == ["r"]
+    assert scheduler.get_slack(request) == 0.0
+
+
 def test_slack_is_in_seconds_at_each_streams_rate() -> None:
     scheduler, _, _ = make_scheduler()
     slow, fast = make_request("slow", 8000), make_request("fast", 48000)

@@ -129,6 +129,7 @@ class TTSEngine(EngineThread):
             **self._counts,
             **self._scheduler.stats,
             **self._backend.memory_stats(),
+            **self._backend.step_stats(),
             "queue_depth": max(0, self._num_submitted - self._num_received) + len(self._scheduler.waiting),
             "live": len(self._scheduler.requests),
         }
@@ -203,18 +204,27 @@ class TTSEngine(EngineThread):
         req_id: str | None = None,
         speed: float = 1.0,
         instruct: str | None = None,
+        playback_ahead: Callable[[], float] | None = None,
     ) -> SynthesisStream:
         """Queue ``text``; returns at once. Call on the engine's event loop.
 
         ``instruct`` is a style instruction (CosyVoice instruct mode); backends without
-        ``supports_instruct`` (fake, espeak) ignore it.
+        ``supports_instruct`` (fake, espeak) ignore it. ``playback_ahead`` returns how many seconds of
+        the same listener's audio will play before this text's first sample (say, the rest of the
+        previous sentence): the scheduler counts it as slack, so a session's look-ahead sentence does
+        not jump ahead of another listener's first chunk. It is called from the engine thread and must
+        only read plain attributes; an exception from it counts as no audio ahead.
         """
         self._check_open()
         check_arguments(text, sample_rate, speed)
         voice = self._default_voice if voice is None else voice
         if voice not in self._voices:
             raise UnknownVoice(voice, self._voices)
-        return self._submit(text, voice, sample_rate, req_id, speed, check_instruct(instruct))
+        if playback_ahead is not None and not callable(playback_ahead):
+            raise TypeError("playback_ahead must be a callable returning seconds, or None")
+        return self._submit(
+            text, voice, sample_rate, req_id, speed, check_instruct(instruct), playback_ahead=playback_ahead
+        )
 
     def synthesize_zero_shot(
         self,
@@ -260,6 +270,8 @@ class TTSEngine(EngineThread):
         instruct: str | None,
         prompt_audio: PromptAudio | None = None,
         prompt_text: str = "",
+        *,
+        playback_ahead: Callable[[], float] | None = None,
     ) -> SynthesisStream:
         if req_id is None:
             req_id = uuid.uuid4().hex
@@ -288,6 +300,7 @@ class TTSEngine(EngineThread):
         request = EngineRequest(
             req_id=req_id, text=text, voice=voice, speed=float(speed), sample_rate=sample_rate,
             stream=stream, credit=credit, instruct=instruct, prompt_audio=prompt_audio, prompt_text=prompt_text,
+            playback_ahead=playback_ahead,
         )  # fmt: skip
         self._streams[req_id] = stream
         self._num_submitted += 1

@@ -74,6 +74,9 @@ class EngineRequest:
     instruct: str | None = None  # style instruction (backends with supports_instruct only)
     prompt_audio: PromptAudio | None = None  # one-off zero-shot prompt recording (synthesize_zero_shot)
     prompt_text: str = ""  # transcript of prompt_audio
+    # seconds of the consumer's audio that will play before this request's first sample (a session's
+    # earlier sentences); called from the engine thread, so it must only read plain attributes
+    playback_ahead: Callable[[], float] | None = None
     status: RequestStatus = RequestStatus.WAITING
     arrival_time: float = field(default_factory=time.monotonic)
     backend_stream: BackendStream | None = None
@@ -131,6 +134,12 @@ class SynthesisStream:
     def num_buffered(self) -> int:
         """Chunks received from the engine and not read yet."""
         return len(self._chunks)
+
+    @property
+    def unread_seconds(self) -> float:
+        """Audio produced for this stream and not read yet, in seconds (safe to read from any thread)."""
+        credit = self._credit
+        return max(0, credit.samples_produced - credit.samples_consumed) / self.sample_rate
 
     # -- called by the engine, on the event loop ---------------------------------------------------
 

@@ -11,13 +11,19 @@ cannot be admitted wait in FIFO order; one that has waited ``max_queue_wait_s`` 
 ``StepPlan.timed_out_req_ids`` and the engine fails it with ``EngineOverloaded``.
 
 Ranking by playback slack: slack is the audio a request has produced that its consumer has not read
-yet, in seconds. A request that has not produced its first chunk comes first (oldest first), then the
-least slack first. A request whose consumer holds ``max_buffered_chunks`` unread chunks is not
+yet, in seconds, plus the consumer's audio queued ahead of the request (``EngineRequest.playback_ahead``:
+a session's next sentence waits behind the rest of the current one). Least slack goes first; on a tie
+(typically zero) a request that has not produced its first chunk goes first, then the oldest. So a
+first chunk, or a stream about to run dry, goes before a stream that is seconds ahead. Slack matters
+wherever a step has less room than work: the batch cap here, and a backend's own per-step budget
+(CosyVoice's flow rows per step), which serves the streams in the order given. A request whose consumer holds ``max_buffered_chunks`` unread chunks is not
 runnable (backpressure) but keeps its capacity.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -25,6 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tts_engine.request import EngineRequest, RequestStatus
+
+logger = logging.getLogger(__name__)
 
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -107,9 +115,23 @@ class Scheduler:
         return max(0.0, self.waiting[0].arrival_time + self.max_queue_wait_s - self._clock())
 
     def get_slack(self, request: EngineRequest) -> float:
-        """Seconds of audio produced for ``request`` and not yet read by its consumer."""
+        """Seconds of audio produced for ``request`` and not yet read by its consumer, plus the
+        consumer's audio queued ahead of it."""
         credit = request.credit
-        return max(0, credit.samples_produced - credit.samples_consumed) / request.sample_rate
+        slack = max(0, credit.samples_produced - credit.samples_consumed) / request.sample_rate
+        return slack + self._ahead(request)
+
+    @staticmethod
+    def _ahead(request: EngineRequest) -> float:
+        if request.playback_ahead is None:
+            return 0.0
+        try:
+            ahead = float(request.playback_ahead())
+        except Exception:  # noqa: BLE001 - a consumer's hint must never stop the engine
+            logger.warning("playback_ahead of request %s failed; counting no audio ahead", request.req_id)
+            request.playback_ahead = None
+            return 0.0
+        return ahead if ahead > 0 and math.isfinite(ahead) else 0.0
 
     def _is_runnable(self, request: EngineRequest) -> bool:
         return request.credit.get_num_buffered() < self.max_buffered_chunks
@@ -134,7 +156,8 @@ class Scheduler:
             self.running.append(request)
             plan.new_requests.append(request)
         runnable = [r for r in self.running if self._is_runnable(r)]
-        runnable.sort(key=lambda r: (r.num_chunks > 0, self.get_slack(r), r.arrival_time))
+        slack = {id(r): self.get_slack(r) for r in runnable}
+        runnable.sort(key=lambda r: (slack[id(r)], r.num_chunks > 0, r.arrival_time))
         plan.scheduled = runnable[: self.max_batch_size]
         return plan
 

@@ -82,6 +82,10 @@ class Backend(ABC):
         """Memory budget and use, for health and metrics (numbers only; empty when not tracked)."""
         return {}
 
+    def step_stats(self) -> dict[str, int | float]:
+        """Counters of the backend's own step policy, for metrics (numbers only; empty when none)."""
+        return {}
+
     def add_voice(self, preset: VoicePreset) -> None:
         """Prepare ``preset`` (once; may read or write a feature cache) and offer it by name."""
         raise VoiceError(f"backend {self.name} cannot clone voices")

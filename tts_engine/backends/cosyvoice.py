@@ -1,18 +1,11 @@
 """CosyVoice3 backend: continuous-batched LLM plus batched token2wav, one scheduler step per ``step()``.
 
-One ``step(streams)`` call advances every given request by one scheduler step:
-
-1. LLM: requests already holding a KV cache slot decode one token together (``LLMRunner.decode_step``);
-   new requests are prefilled together while free slots last (the rest wait, producing nothing).
-   Requests join and leave between steps; a finished or aborted request frees its slot at once.
-2. The new speech tokens go to each request's token2wav stream (silent runs filtered).
-3. Every token2wav hop that is ready (25 -> 50 -> 100 tokens + 3 look-ahead, or the closing call) runs
-   in one batched flow + vocoder call (``Token2Wav.run``).
-
-Each request gets the audio its hop produced (float32, 24 kHz), an empty array while nothing is ready,
-``None`` once its last sample was delivered, or the exception that failed it. A batched call that
-raises is retried row by row where the rows' state allows it, so one bad request does not fail its
-neighbours.
+One ``step(streams)`` call advances every given request by one scheduler step: a batched LLM decode
+(and prefill) step, then the ready token2wav hops in one flow + vocoder batch of at most
+``max_hop_rows`` rows, taken in the order the engine ranked the streams
+(tts_engine/backends/cosyvoice_step.py). Each request gets the audio its hop produced (float32,
+24 kHz), an empty array while nothing is ready, ``None`` once its last sample was delivered, or the
+exception that failed it; one bad request does not fail its neighbours.
 
 Voices come from presets (``add_voice``): the prompt recording is turned into a ``SpeakerRecord`` once
 and cached on disk (``voice_cache_dir``, safetensors), so a request costs no I/O. Modes per request:
@@ -59,9 +52,10 @@ from cosyvoice.frontend.speaker import SpeakerError, SpeakerRecord
 from cosyvoice.llm import LLMInputError, LLMRequest, LLMRunner
 from cosyvoice.model import CosyVoice3, ModelFilesError
 from cosyvoice.text import TextError, prepare_tts_texts
-from cosyvoice.token2wav import HopJob, SpeakerPrompt
+from cosyvoice.token2wav import SpeakerPrompt
 from tts_engine.backends.base import Backend
 from tts_engine.backends.cosyvoice_request import CosyVoiceStream, Segment, SpeedScaledStream
+from tts_engine.backends.cosyvoice_step import BatchedStep
 from tts_engine.errors import EngineError
 from tts_engine.memory import MemoryBudget, MemoryPlan, estimate_activation_bytes_per_row, module_bytes
 from tts_engine.voices import PromptAudio, VoiceError, VoicePreset, decode_prompt_wav, preset_cache_path
@@ -158,6 +152,7 @@ class CosyVoiceBackend(Backend):
         memory_budget: MemoryBudget | None = None,
         fixed_llm_tokens: int | None = None,
         llm_backend: str = "native",
+        max_hop_rows: int | None = None,
     ) -> None:
         if llm_backend not in ("native", "vllm"):
             raise ValueError(f"llm_backend must be 'native' or 'vllm', got {llm_backend!r}")
@@ -215,6 +210,7 @@ class CosyVoiceBackend(Backend):
             )
         else:
             self.runner = LLMRunner(model.llm, max_batch=max_batch_size, max_len=max_llm_len)
+        self.stepper = BatchedStep(self.runner, model.token2wav, max_hop_rows=max_hop_rows)
 
     # -- voices --------------------------------------------------------------------------------
 
@@ -356,6 +352,9 @@ class CosyVoiceBackend(Backend):
     def can_admit(self, num: int = 1) -> bool:
         return len(self._streams) + num <= self.max_batch_size
 
+    def step_stats(self) -> dict[str, int | float]:
+        return {"hops_deferred": self.stepper.num_hops_deferred}
+
     def memory_stats(self) -> dict[str, int | float]:
         stats: dict[str, int | float] = {
             "kv_slots": self.max_batch_size,
@@ -382,20 +381,7 @@ class CosyVoiceBackend(Backend):
                 mine.append(stream)
             else:
                 errors[id(stream)] = EngineError("stream is closed or belongs to another backend")
-        self._llm_step(mine, errors)
-        jobs: list[tuple[CosyVoiceStream, HopJob]] = []
-        for stream in mine:
-            if id(stream) in errors:
-                continue
-            try:
-                stream.feed_tokens()
-                job = stream.next_job()
-            except Exception as exc:  # noqa: BLE001 - fails this request only
-                errors[id(stream)] = exc
-                continue
-            if job is not None:
-                jobs.append((stream, job))
-        chunks = self._wave_step(jobs, errors)
+        chunks = self.stepper.run(mine, errors)
         results: list[np.ndarray | None | BaseException] = []
         for stream in streams:
             error = errors.get(id(stream))
@@ -407,69 +393,6 @@ class CosyVoiceBackend(Backend):
             except Exception as exc:  # noqa: BLE001
                 results.append(exc)
         return results
-
-    def _llm_step(self, streams: list[CosyVoiceStream], errors: dict[int, BaseException]) -> None:
-        decode: list[tuple[CosyVoiceStream, LLMRequest]] = []
-        prefill: list[tuple[CosyVoiceStream, LLMRequest]] = []
-        for stream in streams:
-            request = stream.llm_request()
-            if request is not None:
-                (prefill if request.slot is None else decode).append((stream, request))
-        self._run_llm(self.runner.decode_step, decode, errors)
-        self._run_llm(self.runner.prefill, prefill[: self.runner.num_free_slots], errors)
-
-    def _run_llm(
-        self, call: Any, items: list[tuple[CosyVoiceStream, LLMRequest]], errors: dict[int, BaseException]
-    ) -> None:
-        """One batched LLM call; on failure retry the rows it left untouched, one by one."""
-        if not items:
-            return
-        before = [self._llm_state(request) for _, request in items]
-        try:
-            call([request for _, request in items])
-            return
-        except Exception as exc:  # noqa: BLE001 - sorted out per row below
-            batch_error = exc
-        for (stream, request), state in zip(items, before, strict=True):
-            now = self._llm_state(request)
-            if now[:2] != state[:2]:
-                continue  # it got its token before the failure
-            if now != state or len(items) == 1:
-                errors[id(stream)] = batch_error  # its cache moved on without a token: cannot retry
-                continue
-            try:
-                call([request])
-            except Exception as exc:  # noqa: BLE001
-                errors[id(stream)] = exc
-
-    def _llm_state(self, request: LLMRequest) -> tuple[int, bool, int | None, int]:
-        slot = request.slot
-        length = self.runner.cache.length(slot) if slot is not None else -1
-        return len(request.out_tokens), request.finished, slot, length
-
-    def _wave_step(
-        self, jobs: list[tuple[CosyVoiceStream, HopJob]], errors: dict[int, BaseException]
-    ) -> dict[int, torch.Tensor]:
-        """All ready hops in one flow + vocoder batch; on failure retry the unchanged ones one by one."""
-        chunks: dict[int, torch.Tensor] = {}
-        if not jobs:
-            return chunks
-        t2w = self.model.token2wav
-        try:
-            for (stream, _), chunk in zip(jobs, t2w.run([job for _, job in jobs]), strict=True):
-                chunks[id(stream)] = chunk
-            return chunks
-        except Exception as exc:  # noqa: BLE001 - sorted out per row below
-            batch_error = exc
-        for stream, job in jobs:
-            if len(jobs) == 1 or job.stream.next_job() != job:
-                errors[id(stream)] = batch_error  # its state moved on: cannot retry
-                continue
-            try:
-                chunks[id(stream)] = t2w.run([job])[0]
-            except Exception as exc:  # noqa: BLE001
-                errors[id(stream)] = exc
-        return chunks
 
     def close(self) -> None:
         self._voices.clear()

@@ -33,6 +33,8 @@ def _tone_table(f0: float, sample_rate: int) -> np.ndarray:
     table = wave.astype(np.float32)
     table.flags.writeable = False  # shared by every stream of this voice
     return table
+
+
 _FADE_MS = 10.0
 
 

@@ -1,0 +1,67 @@
+"""The turn speaker tells the engine how much of the device's audio plays before each sentence."""
+
+from __future__ import annotations
+
+import asyncio
+
+from audio_codecs.opus import OpusEncoder
+from gateway.pacer import Pacer
+from gateway.reply import fixed_sentences
+from gateway.speaker import Speaker
+from gateway.xiaozhi import AudioOut, TtsSentenceStart
+from tts_engine import TTSEngine
+from tts_engine.backends.fake import FakeBackend
+
+
+class RecordingEngine:
+    """The real engine, with each sentence's playback_ahead hint kept for the test to call."""
+
+    def __init__(self, engine: TTSEngine) -> None:
+        self._engine = engine
+        self.hints: list = []
+
+    def synthesize(self, text: str, **kwargs):
+        self.hints.append(kwargs.get("playback_ahead"))
+        return self._engine.synthesize(text, **kwargs)
+
+
+async def test_each_sentence_is_queued_behind_the_audio_before_it() -> None:
+    # 0.96 s of audio per sentence, made at once; frames leave at playback speed
+    engine = TTSEngine(FakeBackend(16000, chunk_ms=240, ms_per_char=120))
+    await engine.start()
+    recording = RecordingEngine(engine)
+    seen: dict[str, list[float]] = {"before_audio": [], "first_sentence_playing": []}
+    frames = 0
+
+    async def send(message: object) -> None:
+        nonlocal frames
+        if isinstance(message, TtsSentenceStart) and frames == 0:
+            seen["before_audio"].append(recording.hints[0]())
+        if isinstance(message, AudioOut):
+            frames += 1
+            if frames == 6:  # the first sentence is playing, the second is ready behind it
+                seen["first_sentence_playing"] = [hint() for hint in recording.hints]
+
+    speaker = Speaker(
+        engine=recording,  # type: ignore[arg-type]
+        encoder=OpusEncoder(16000, 60),
+        send=send,
+        voice=None,
+        sample_rate=16000,
+        pacer=Pacer(frame_s=0.06, lead_frames=2),
+    )
+    try:
+        result = await asyncio.wait_for(speaker.speak(fixed_sentences(["abcdefgh", "ijklmnop"])), 10)
+    finally:
+        await engine.close()
+
+    assert result.spoken == ["abcdefgh", "ijklmnop"]
+    assert len(recording.hints) == 2 and all(callable(h) for h in recording.hints)
+    assert seen["before_audio"] == [0.0]  # nothing of this device plays before its first sentence
+    first, second = seen["first_sentence_playing"]
+    # 6 of the first sentence's 16 frames are out: its own hint is what it has made and the device
+    # has not played yet outside its stream (2 frames on the device, the rest of the chunk in hand)
+    assert first <= 0.3
+    # the second waits behind the rest of the first: ~12 frames not played yet, give or take a frame
+    assert 0.6 <= second <= 0.8
+    assert second - first >= 0.4  # the first's unread chunks count for the second only
