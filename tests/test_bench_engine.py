@@ -1,0 +1,38 @@
+"""The engine benchmark runs end to end on a tiny model and prints every figure it promises."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from scripts import bench_engine
+
+COLUMNS = ["engine", "streams", "p50_ms", "p95_ms", "rtf", "audio/s", "dry_%", "batch", "peak_MiB"]
+
+
+def test_bench_engine_prints_a_row_per_engine_and_the_ratios(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "--streams", "2", "--tokens-per-sentence", "30", "--sentences", "1", "--threads", "1",
+        "--max-lead-s", "0.5", "--model-dir", str(tmp_path / "tiny"), "--max-hop-rows", "1",
+    ]  # fmt: skip
+    threads = torch.get_num_threads()
+    try:
+        assert bench_engine.main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)  # the script sets the process-wide count
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("engine"))
+    assert header.split() == COLUMNS
+    rows = {line.split()[0]: line.split() for line in lines if line.split()[:1] in (["batched"], ["one-at-1"])}
+    assert set(rows) == {"batched", "one-at-1"}
+    for row in rows.values():
+        assert row[1] == "2" and len(row) == len(COLUMNS)
+        first_p50, first_p95, rtf, audio_per_s, dry, batch, peak = map(float, row[2:])
+        assert 0 < first_p50 <= first_p95 and rtf > 0 and audio_per_s > 0 and 0 <= dry <= 100 and peak > 0
+    assert float(rows["one-at-1"][7]) == 1.0  # the baseline really serves one request per step
+    assert re.search(r"streams=2: aggregate audio/s batched / one-at-a-time = \d+\.\d\dx", "\n".join(lines))
