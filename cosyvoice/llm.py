@@ -16,6 +16,7 @@ import dataclasses
 import operator
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -188,8 +189,8 @@ class CosyVoice3LM(nn.Module):
         """Log-probabilities over the 6761 speech rows, fp32: hidden [..., H] -> [..., 6761]."""
         return self.llm_decoder(hidden).float().log_softmax(dim=-1)
 
-    def new_cache(self, *, max_batch: int, max_len: int) -> KVCache:
-        return self.model.new_cache(max_batch=max_batch, max_len=max_len)
+    def new_cache(self, *, max_batch: int, max_len: int, reserved_slots: int = 0) -> KVCache:
+        return self.model.new_cache(max_batch=max_batch, max_len=max_len, reserved_slots=reserved_slots)
 
     @torch.inference_mode()
     def forward_logp(self, prompt: LLMPrompt, targets: Sequence[int] | torch.Tensor) -> torch.Tensor:
@@ -331,9 +332,11 @@ class LLMRunner:
     CPU after one transfer of the batch's log-probs per call.
     """
 
+    reserved_slots: ClassVar[int] = 0  # cache rows past max_batch that a subclass keeps for itself
+
     def __init__(self, model: CosyVoice3LM, *, max_batch: int, max_len: int) -> None:
         self.model = model
-        self.cache = model.new_cache(max_batch=max_batch, max_len=max_len)
+        self.cache = model.new_cache(max_batch=max_batch, max_len=max_len, reserved_slots=self.reserved_slots)
 
     @property
     def num_free_slots(self) -> int:
@@ -378,6 +381,10 @@ class LLMRunner:
 
     def _sample(self, requests: Sequence[LLMRequest], hidden: torch.Tensor) -> list[StepOutput]:
         logp = self.model.speech_logp(hidden).cpu()  # [B, V], the step's one device->host copy
+        return self._advance_all(requests, logp)
+
+    def _advance_all(self, requests: Sequence[LLMRequest], logp: torch.Tensor) -> list[StepOutput]:
+        """Sample every request from its row of the fp32 CPU log-probs [B, V]; free finished slots."""
         outputs = []
         for request, row in zip(requests, logp, strict=True):
             out = request._advance(row, self.model.speech_token_size)

@@ -100,11 +100,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class KVCache:
-    """Key/value buffers ``[max_batch, n_kv_heads, max_len + 1, head_dim]`` per layer.
+    """Key/value buffers ``[max_batch + reserved_slots, n_kv_heads, max_len + 1, head_dim]`` per layer.
 
     Position ``max_len`` of every slot is a scratch cell that absorbs the writes of padding
     positions; it is never attended to. Slot bookkeeping (free list, filled length) lives on
     the host so a step needs no device synchronisation to plan its masks.
+
+    Only slots ``0 .. max_batch - 1`` are ever handed out. The ``reserved_slots`` rows after
+    them (indices ``max_batch ..``) belong to the cache's owner, e.g. as a scratch slot that
+    absorbs the writes of padding rows in a fixed-size batch.
     """
 
     def __init__(
@@ -115,16 +119,20 @@ class KVCache:
         max_len: int,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        reserved_slots: int = 0,
     ) -> None:
         if max_batch <= 0 or max_len <= 0:
             raise ValueError(f"max_batch and max_len must be positive, got {max_batch}, {max_len}")
-        shape = (max_batch, config.num_key_value_heads, max_len + 1, config.head_dim)
+        if reserved_slots < 0:
+            raise ValueError(f"reserved_slots must be non-negative, got {reserved_slots}")
+        shape = (max_batch + reserved_slots, config.num_key_value_heads, max_len + 1, config.head_dim)
         self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
         self.values = [
             torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)
         ]
         self.max_batch = max_batch
         self.max_len = max_len
+        self.reserved_slots = reserved_slots
         self._lengths = [0] * max_batch
         self._allocated = [False] * max_batch
 
@@ -150,6 +158,15 @@ class KVCache:
         """Number of positions already stored in ``slot``."""
         self._check_slot(slot)
         return self._lengths[slot]
+
+    def advance(self, slot: int, num_positions: int = 1) -> None:
+        """Record that ``num_positions`` more positions of ``slot`` were written (by a planned forward)."""
+        start = self.length(slot)
+        if num_positions < 0 or start + num_positions > self.max_len:
+            raise KVCacheError(
+                f"slot {slot} would hold {start + num_positions} positions, max_len {self.max_len}"
+            )
+        self._lengths[slot] = start + num_positions
 
     def _set_length(self, slot: int, length: int) -> None:
         self._lengths[slot] = length
@@ -245,10 +262,15 @@ class Qwen2Model(nn.Module):
         self.layers = nn.ModuleList(Qwen2DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def new_cache(self, *, max_batch: int, max_len: int) -> KVCache:
+    def new_cache(self, *, max_batch: int, max_len: int, reserved_slots: int = 0) -> KVCache:
         weight = self.embed_tokens.weight
         return KVCache(
-            self.config, max_batch=max_batch, max_len=max_len, device=weight.device, dtype=weight.dtype
+            self.config,
+            max_batch=max_batch,
+            max_len=max_len,
+            device=weight.device,
+            dtype=weight.dtype,
+            reserved_slots=reserved_slots,
         )
 
     def forward(
@@ -277,12 +299,23 @@ class Qwen2Model(nn.Module):
             if start + n > cache.max_len:
                 raise KVCacheError(f"slot {slot} would hold {start + n} positions, max_len {cache.max_len}")
         plan, positions = self._plan(inputs_embeds.device, t, slots, starts, lengths, cache.max_len)
+        hidden = self.forward_planned(inputs_embeds, cache, plan, positions)
+        for slot, start, n in zip(slots, starts, lengths, strict=True):
+            cache._set_length(slot, start + n)
+        return hidden
+
+    def forward_planned(
+        self, inputs_embeds: torch.Tensor, cache: KVCache, plan: _StepPlan, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """The device part of :meth:`forward`: run ``inputs_embeds`` [B, T, H] at RoPE ``positions``
+        [B, T] through the layers with a ready ``plan`` and return the final states [B, T, H].
+
+        No checks, no host reads and no slot bookkeeping: the caller has validated the plan
+        and records the new lengths itself (:meth:`KVCache.advance`)."""
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, inputs_embeds.dtype)
         x = inputs_embeds
         for layer, cache_k, cache_v in zip(self.layers, cache.keys, cache.values, strict=True):
             x = layer(x, cos, sin, cache_k, cache_v, plan)
-        for slot, start, n in zip(slots, starts, lengths, strict=True):
-            cache._set_length(slot, start + n)
         return self.norm(x)
 
     @staticmethod
@@ -304,3 +337,17 @@ class Qwen2Model(nn.Module):
         mask = (key_pos <= positions[:, :, None]) & (key_pos < end[:, None, None])  # [B, T, K]
         slot_index = torch.tensor(slots, device=device, dtype=torch.int64)  # [B]
         return _StepPlan(slot_index, write_pos, mask[:, None], kv_len), positions
+
+
+def decode_plan(slots: torch.Tensor, positions: torch.Tensor, kv_len: int) -> tuple[_StepPlan, torch.Tensor]:
+    """A one-position-per-row plan built on the device from device tensors only (no host sync).
+
+    ``slots`` [B] and ``positions`` [B] (int64) give each row's cache slot and the position its
+    new token is written to (= the slot's length before the step); every position must lie below
+    ``kv_len``. Each row attends to positions ``0 .. position`` of its own slot. Returns the plan
+    and the RoPE positions [B, 1]. The shapes depend only on B and ``kv_len``.
+    """
+    rope_positions = positions[:, None]  # [B, 1]
+    key_pos = torch.arange(kv_len, device=positions.device, dtype=torch.int64)  # [K]
+    mask = key_pos <= rope_positions[:, :, None]  # [B, 1, K]
+    return _StepPlan(slots, rope_positions, mask[:, None], kv_len), rope_positions
