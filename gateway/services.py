@@ -80,6 +80,7 @@ def create_tts_backend(
         max_llm_len=engine.max_llm_len,
         llm_backend=engine.llm_backend,
         max_hop_rows=engine.max_hop_rows,
+        cuda_graphs=engine.cuda_graphs,
     )
 
 

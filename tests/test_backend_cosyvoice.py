@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from audio_codecs.wav import wav_bytes
+from cosyvoice.graph_decode import GraphDecodeRunner
 from cosyvoice.llm import LengthRule
 from cosyvoice.model import CosyVoice3
 from gateway.llm.echo import EchoLLM
@@ -198,6 +200,24 @@ def test_bad_hop_row_cap_is_refused(model: CosyVoice3, voices: VoiceStore) -> No
     for bad in (0, -1, True):
         with pytest.raises(ValueError, match="max_hop_rows"):
             make_backend(model, voices, max_hop_rows=bad)
+
+
+def test_static_shape_decode_runner_serves_the_backend_alike(
+    model: CosyVoice3, voices: VoiceStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    texts = ["你好。", "Hi."]
+    plain = make_backend(model, voices)
+    want = [audio(chunks) for chunks in run(plain, [plain.open_stream(t, "default", 1.0) for t in texts])]
+    with caplog.at_level(logging.WARNING):
+        backend = make_backend(model, voices, cuda_graphs=True)  # the CPU: ignored, with a warning
+    assert not backend.cuda_graphs and "cuda_graphs" in caplog.text
+    # the graph runner's static step (what CUDA would capture), eager on the CPU, as the backend's LLM
+    backend.runner = backend.stepper.runner = GraphDecodeRunner(model.llm, max_batch=MAX_BATCH, max_len=512)
+    streams = [backend.open_stream(t, "default", 1.0) for t in texts]
+    got = [audio(chunks) for chunks in run(backend, streams)]
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, atol=1e-3)
+    assert backend.runner.num_free_slots == MAX_BATCH
 
 
 def test_closing_a_stream_frees_its_kv_slot_at_once(backend: CosyVoiceBackend) -> None:

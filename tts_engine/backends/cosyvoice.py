@@ -29,6 +29,12 @@ Memory: the KV cache holds ``max_batch_size`` slots of ``max_llm_len`` positions
 ``kv_cache_bytes``). With a ``memory_budget`` the slot count is planned from it (tts_engine/memory.py):
 weights measured, an activation reserve per row, the rest KV slots, at most ``max_batch_size``.
 
+CUDA graphs (``cuda_graphs=True``, CUDA and the native LLM only): the decode step runs as
+``cosyvoice.graph_decode.GraphDecodeRunner``, one graph per (batch bucket, KV length bucket), all
+captured at start-up; its scratch KV slot is planned with the weights, and its graph pool (one decode
+step's activations, far below a flow hop's) fits the per-row reserve. Elsewhere the flag is ignored with
+a warning. Not yet measured on a GPU, hence off by default.
+
 Benchmarks: ``fixed_llm_tokens=N`` makes every text segment generate exactly N speech tokens (stop
 tokens masked until N, stop at N), so random weights do the work of real speech.
 """
@@ -49,6 +55,7 @@ import numpy as np
 import torch
 
 from cosyvoice.frontend.speaker import SpeakerError, SpeakerRecord
+from cosyvoice.graph_decode import GraphDecodeRunner
 from cosyvoice.llm import LLMInputError, LLMRequest, LLMRunner
 from cosyvoice.model import CosyVoice3, ModelFilesError
 from cosyvoice.text import TextError, prepare_tts_texts
@@ -153,6 +160,7 @@ class CosyVoiceBackend(Backend):
         fixed_llm_tokens: int | None = None,
         llm_backend: str = "native",
         max_hop_rows: int | None = None,
+        cuda_graphs: bool = False,
     ) -> None:
         if llm_backend not in ("native", "vllm"):
             raise ValueError(f"llm_backend must be 'native' or 'vllm', got {llm_backend!r}")
@@ -178,9 +186,15 @@ class CosyVoiceBackend(Backend):
         self.fingerprint = model_fingerprint(model)
         self.memory_plan: MemoryPlan | None = None
         self.weights_bytes = module_bytes(model.llm, model.token2wav.flow, model.token2wav.hift)
+        self.cuda_graphs = bool(cuda_graphs) and llm_backend == "native" and self.device.type == "cuda"
+        if cuda_graphs and not self.cuda_graphs:
+            log.warning("engine.cuda_graphs needs the native LLM on a CUDA device; running without graphs")
         if memory_budget is not None:
+            fixed_bytes = self.weights_bytes
+            if self.cuda_graphs:  # the static decode step's scratch KV slot (its activations fit the reserve)
+                fixed_bytes += kv_cache_bytes(model, max_batch=1, max_len=max_llm_len)
             self.memory_plan = memory_budget.plan(
-                weights_bytes=self.weights_bytes,
+                weights_bytes=fixed_bytes,
                 kv_bytes_per_slot=kv_cache_bytes(model, max_batch=1, max_len=max_llm_len),
                 activation_bytes_per_row=estimate_activation_bytes_per_row(
                     model, model.llm.speech_embedding.weight.element_size()
@@ -208,6 +222,12 @@ class CosyVoiceBackend(Backend):
                 max_len=max_llm_len,
                 dtype=str(model.llm.speech_embedding.weight.dtype).removeprefix("torch."),
             )
+        elif self.cuda_graphs:
+            self.runner = GraphDecodeRunner(
+                model.llm, max_batch=max_batch_size, max_len=max_llm_len, use_cuda_graphs=True
+            )
+            self.runner.warmup()  # every (batch, kv length) bucket captured now, not on a live step
+            log.info("cosyvoice decode step: %d CUDA graphs captured", self.runner.num_graphs)
         else:
             self.runner = LLMRunner(model.llm, max_batch=max_batch_size, max_len=max_llm_len)
         self.stepper = BatchedStep(self.runner, model.token2wav, max_hop_rows=max_hop_rows)
@@ -353,7 +373,10 @@ class CosyVoiceBackend(Backend):
         return len(self._streams) + num <= self.max_batch_size
 
     def step_stats(self) -> dict[str, int | float]:
-        return {"hops_deferred": self.stepper.num_hops_deferred}
+        return {
+            "hops_deferred": self.stepper.num_hops_deferred,
+            "decode_graphs": getattr(self.runner, "num_graphs", 0),
+        }
 
     def memory_stats(self) -> dict[str, int | float]:
         stats: dict[str, int | float] = {

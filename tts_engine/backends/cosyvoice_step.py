@@ -104,7 +104,9 @@ class BatchedStep:
 
     # -- token2wav -----------------------------------------------------------------------------
 
-    def _wave_step(self, jobs: list[tuple[CosyVoiceStream, HopJob]], errors: Errors) -> dict[int, torch.Tensor]:
+    def _wave_step(
+        self, jobs: list[tuple[CosyVoiceStream, HopJob]], errors: Errors
+    ) -> dict[int, torch.Tensor]:
         """All given hops in one flow + vocoder batch; on failure retry the unchanged ones one by one."""
         chunks: dict[int, torch.Tensor] = {}
         if not jobs:
