@@ -264,7 +264,6 @@ class Token2Wav:
         return vocode_streams(self.hift, [job.stream.vocoder for job in jobs], [job.finalize for job in jobs])
 
     def _flow_batch(self, jobs: Sequence[HopJob]) -> list[torch.Tensor]:
-        device = self.flow.input_embedding.weight.device
         prompts = [job.stream.prompt for job in jobs]
         batch = len(jobs)
         n_max = max(job.num_tokens for job in jobs)
@@ -280,14 +279,15 @@ class Token2Wav:
         embedding = torch.stack([p.embedding.float().cpu() for p in prompts])  # [B, 192]
         finals = [job.finalize for job in jobs]
         token_lens = [job.num_tokens for job in jobs]
+        # Host tensors: the flow checks the ids on the host and copies them to its device itself.
         mel = self.flow.inference(
-            token.to(device),
+            token,
             token_lens,
-            prompt_token.to(device),
+            prompt_token,
             p_lens,
-            prompt_feat.to(device),
+            prompt_feat,
             f_lens,
-            embedding.to(device),
+            embedding,
             streaming=[job.streaming for job in jobs],
             finalize=finals,
         )  # [B, 80, M]

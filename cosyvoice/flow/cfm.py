@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .dit import DiT, attention_mask
@@ -73,6 +74,17 @@ class CausalCFM(nn.Module):
         self.noise = fixed_noise(estimator.cfg.mel_dim, noise_frames, noise_seed)  # [1, 80, N]
         self._noise_by_device: dict[torch.device, Tensor] = {}
         self._schedule_cache: dict[tuple, tuple[Tensor, Tensor]] = {}
+        # Time axis of every solve padded up to a multiple of this many frames (capped at the noise
+        # buffer): few distinct shapes for a compiled estimator. 1 = no padding (eager default).
+        self.frame_multiple = 1
+
+    def padded_frames(self, num_frames: int) -> int:
+        """The time axis a solve over ``num_frames`` frames runs at (see ``frame_multiple``)."""
+        multiple = self.frame_multiple
+        if not isinstance(multiple, int) or isinstance(multiple, bool) or multiple < 1:
+            raise FlowInputError(f"frame_multiple must be a positive int, got {multiple!r}")
+        padded = -(-num_frames // multiple) * multiple
+        return max(num_frames, min(padded, self.max_frames))
 
     @property
     def max_frames(self) -> int:
@@ -125,6 +137,10 @@ class CausalCFM(nn.Module):
         mu, cond [B, T, 80] (right-padded rows, valid frame counts ``lengths``, T >= max(lengths));
         spk [B, 80]; ``streaming`` per row picks the chunk attention mask. Returns fp32 [B, T, 80];
         frames past a row's length hold unspecified values.
+
+        With ``frame_multiple`` > 1 the estimator runs on a time axis zero-padded to a multiple of it;
+        padded frames are masked as keys and the conv positional embedding is causal, so valid frames see
+        the same inputs (including noise frames 0..T-1) and the result is cut back to T.
         """
         batch, seq_len, mel_dim = mu.shape
         if cond.shape != mu.shape or spk.shape[0] != batch or spk.dim() != 2:
@@ -141,6 +157,9 @@ class CausalCFM(nn.Module):
         dit = self.estimator
         device, dtype = mu.device, dit.modulation.weight.dtype
         modulation, dts = self.schedule(n_timesteps, device)
+        out_len, seq_len = seq_len, self.padded_frames(seq_len)
+        if seq_len > out_len:
+            mu, cond = (F.pad(t, (0, 0, 0, seq_len - out_len)) for t in (mu, cond))  # [B, T_pad, 80]
         rope = dit.rotary(seq_len, device)
         guided = rate != 0.0
         copies = 2 if guided else 1
@@ -150,6 +169,7 @@ class CausalCFM(nn.Module):
             chunk_size=dit.cfg.static_chunk_size,
             num_left_chunks=dit.cfg.num_decoding_left_chunks,
             repeat=copies,
+            seq_len=seq_len,
             device=device,
         )
         if mask is not None:  # additive form once per call (SDPA would convert a bool mask on every call)
@@ -168,4 +188,4 @@ class CausalCFM(nn.Module):
                 v_cond, v_uncond = v.split(batch)  # each [B, T, 80]
                 v = (1.0 + rate) * v_cond - rate * v_uncond
             x = x + dts[step] * v
-        return x.float()
+        return x[:, :out_len].float()

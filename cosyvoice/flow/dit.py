@@ -102,17 +102,21 @@ def attention_mask(
     chunk_size: int,
     num_left_chunks: int = -1,
     repeat: int = 1,
+    seq_len: int | None = None,
     device=None,
 ) -> Tensor | None:
     """Boolean SDPA mask for right-padded rows, broadcastable to [repeat * B, 1, T, T].
 
-    ``lengths`` are the valid frame counts per row (T = max), ``streaming`` the per-row flag choosing
-    the chunk mask (counted from frame 0 of each row) over full attention. The mask of the B rows is
-    tiled ``repeat`` times (the CFG batch). Returns None when no row needs masking at all.
+    ``lengths`` are the valid frame counts per row, T is ``seq_len`` (default: max of ``lengths``),
+    ``streaming`` the per-row flag choosing the chunk mask (counted from frame 0 of each row) over full
+    attention. The mask of the B rows is tiled ``repeat`` times (the CFG batch). Returns None when no row
+    needs masking at all.
     """
     if len(lengths) != len(streaming) or not lengths:
         raise ValueError("lengths and streaming must be non-empty and of equal length")
-    seq_len = max(lengths)
+    seq_len = max(lengths) if seq_len is None else seq_len
+    if seq_len < max(lengths):
+        raise ValueError(f"seq_len {seq_len} is shorter than the longest row ({max(lengths)})")
     use_chunks = chunk_size > 0 and any(streaming)
     padded = min(lengths) != seq_len
     if not use_chunks and not padded:

@@ -92,6 +92,12 @@ def _row_ints(value: Tensor | Sequence[int], batch: int, name: str) -> list[int]
     return values
 
 
+def _any_id_at_least(ids: Tensor, lengths: list[int], limit: int) -> bool:
+    """Whether a row's first ``lengths[b]`` ids hold one >= ``limit`` (computed on ``ids``' device)."""
+    valid = torch.arange(ids.shape[1], device=ids.device) < torch.tensor(lengths, device=ids.device)[:, None]
+    return bool(((ids >= limit) & valid).any())
+
+
 def _row_flags(value: bool | Tensor | Sequence[bool], batch: int, name: str) -> list[bool]:
     if isinstance(value, bool):
         return [value] * batch
@@ -230,6 +236,13 @@ class Flow(nn.Module):
             raise FlowInputError(f"prompt mel frames {f_len} exceed the sequence frames {frames}")
         if max(frames) > self.decoder.max_frames:
             raise FlowInputError(f"{max(frames)} frames exceed the flow limit of {self.decoder.max_frames}")
+        # Checked where the ids live, before any copy: host tensors (token2wav's) cost no device sync.
+        if _any_id_at_least(token, n_len, cfg.vocab_size) or _any_id_at_least(
+            prompt_token, p_len, cfg.vocab_size
+        ):
+            raise FlowInputError(
+                f"speech token id >= vocab size {cfg.vocab_size} (stop tokens never feed the flow)"
+            )
 
         device = self.input_embedding.weight.device
         dtype = self.input_embedding.weight.dtype
@@ -241,11 +254,8 @@ class Flow(nn.Module):
         both = torch.cat((prompt_token.to(device), token.to(device)), dim=1)  # [B, P + N]
         index = torch.where(pos < p_b, pos, pos - p_b + p_pad).clamp(max=both.shape[1] - 1)  # [B, Lmax]
         ids = both.gather(1, index)  # [B, Lmax]
-        if bool(((ids >= cfg.vocab_size) & valid).any()):
-            raise FlowInputError(
-                f"speech token id >= vocab size {cfg.vocab_size} (stop tokens never feed the flow)"
-            )
-        emb = self.input_embedding(ids.clamp(min=0)) * valid.unsqueeze(-1).to(dtype)  # [B, Lmax, 80]
+        ids = ids.clamp(0, cfg.vocab_size - 1)  # padding may hold any id: it is zeroed right after
+        emb = self.input_embedding(ids) * valid.unsqueeze(-1).to(dtype)  # [B, Lmax, 80]
 
         h = self.pre_lookahead_layer(emb)  # [B, Lmax, 80]
         t_max = max(frames)
@@ -259,6 +269,10 @@ class Flow(nn.Module):
         cond = cond * (frame_pos < f_b).unsqueeze(-1).to(dtype)
 
         spk = self.spk_embed_affine_layer(F.normalize(embedding.to(device, dtype), dim=1))  # [B, 80]
+        # Output row mask built before the solve, so no host-to-device copy waits for the Euler loop.
+        out_len = [t - f for t, f in zip(frames, f_len, strict=True)]
+        out_pos = torch.arange(max(out_len), device=device).unsqueeze(0)  # [1, Mmax]
+        out_valid = (out_pos < torch.tensor(out_len, device=device)[:, None])[:, :, None]  # [B, Mmax, 1]
         feat = self.decoder.solve(
             mu,
             cond,
@@ -271,9 +285,7 @@ class Flow(nn.Module):
         )  # [B, T, 80] fp32
 
         # Row b's output is frames F_b .. frames_b - 1: [B, Mmax, 80] by one gather, zero past M_b.
-        out_len = [t - f for t, f in zip(frames, f_len, strict=True)]
-        out_pos = torch.arange(max(out_len), device=device).unsqueeze(0)  # [1, Mmax]
         index = (out_pos + f_b).clamp(max=t_max - 1)  # [B, Mmax]
         mel = feat.gather(1, index.unsqueeze(-1).expand(-1, -1, cfg.mel_dim))  # [B, Mmax, 80]
-        mel = mel * (out_pos < torch.tensor(out_len, device=device).unsqueeze(1)).unsqueeze(-1)
+        mel = mel * out_valid
         return mel.transpose(1, 2).contiguous()  # [B, 80, Mmax]

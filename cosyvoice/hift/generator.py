@@ -136,6 +136,17 @@ class CausalHift(nn.Module):
     ) -> torch.Tensor:
         """mel [B, C, T], source [B, 1, S*T] -> waveform [B, S*T] before the clamp."""
         spec = self.spectral.stft(source[:, 0], source_lens).to(self.dtype)  # [B, n_fft + 2, S*T/hop + 1]
+        magnitude, phase = self.decode_spectrum(mel, spec)  # each [B, bins, S*T/hop + 1]
+        return self.spectral.istft(magnitude, phase, spec_frames)  # [B, S*T]
+
+    def decode_spectrum(self, mel: torch.Tensor, spec: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder network: mel [B, C, T] and the source spectrum [B, n_fft + 2, F = S*T/hop + 1] ->
+        (magnitude, phase), each [B, n_fft // 2 + 1, F].
+
+        Pure tensor code with no per-row lengths and no host syncs (the ``torch.compile`` target of
+        :mod:`cosyvoice.compile`). Every conv but ``conv_pre`` is causal and ``conv_pre`` looks ahead
+        into zero padding, so zero frames appended on the right leave the first F output frames unchanged.
+        """
         x = self.conv_pre(mel.to(self.dtype))  # [B, base, T]
         slope = self.config.lrelu_slope
         for i, up in enumerate(self.ups):
@@ -152,7 +163,7 @@ class CausalHift(nn.Module):
         bins = self.config.istft_n_fft // 2 + 1
         magnitude = torch.exp(x[:, :bins])  # [B, bins, F]
         phase = torch.sin(x[:, bins:])  # [B, bins, F]  (sin as upstream: the phase goes through trig twice)
-        return self.spectral.istft(magnitude, phase, spec_frames)  # [B, S*T]
+        return magnitude, phase
 
     def _check(self, mel: torch.Tensor, mel_lens: Sequence[int] | None, finals: list[bool]) -> list[int]:
         if mel.dim() != 3 or mel.shape[1] != self.config.in_channels or not mel.is_floating_point():
