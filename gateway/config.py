@@ -166,6 +166,7 @@ class EngineConfig(_Section):
     llm_backend: Literal["native", "vllm"] = "native"  # vllm: pip install .[vllm], needs CUDA
     # flow + vocoder rows per step; more ready hops wait a step, least playback slack served first
     max_hop_rows: int = Field(16, ge=1, le=256)
+    torch_compile: bool = False  # DiT step + vocoder through torch.compile (inductor); unmeasured on GPU
     cuda_graphs: bool = False  # decode step as CUDA graphs (CUDA + native LLM only); unmeasured, so off
 
     def memory_gib(self, gpu: GPUConfig) -> float:

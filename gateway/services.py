@@ -81,6 +81,7 @@ def create_tts_backend(
         llm_backend=engine.llm_backend,
         max_hop_rows=engine.max_hop_rows,
         cuda_graphs=engine.cuda_graphs,
+        torch_compile=engine.torch_compile,
     )
 
 

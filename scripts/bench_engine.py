@@ -3,7 +3,7 @@
     python scripts/bench_engine.py [--streams 1,4,8,16,32] [--preset tiny|full] [--device cpu|cuda]
                                    [--tokens-per-sentence 50] [--sentences 2] [--rate 16000]
                                    [--max-lead-s 2.0] [--gpu-memory-gib G] [--model-dir DIR] [--no-baseline]
-                                   [--max-hop-rows 16] [--cuda-graphs]
+                                   [--max-hop-rows 16] [--cuda-graphs] [--torch-compile]
 
 Random weights (``scripts.make_tiny_model``; ``full`` has the Fun-CosyVoice3-0.5B-2512 dimensions, about
 3.4 GB, written once under ``models/.bench/``) and a synthetic speaker; the LLM is forced to emit exactly
@@ -98,6 +98,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-baseline", action="store_true", help="skip the one-at-a-time runs")
     parser.add_argument("--max-hop-rows", type=int, default=16, help="flow + vocoder rows per step")
     parser.add_argument("--cuda-graphs", action="store_true", help="decode step as CUDA graphs (CUDA only)")
+    parser.add_argument("--torch-compile", action="store_true", help="DiT step + vocoder via torch.compile")
     return parser.parse_args(argv)
 
 
@@ -121,7 +122,7 @@ def make_backend(
     backend = CosyVoiceBackend(
         model=model, seed=0, max_batch_size=max_batch, max_llm_len=args.max_llm_len, voice_cache_dir=voice_dir,
         memory_budget=budget, fixed_llm_tokens=args.tokens_per_sentence, max_hop_rows=args.max_hop_rows,
-        cuda_graphs=args.cuda_graphs,
+        cuda_graphs=args.cuda_graphs, torch_compile=args.torch_compile,
     )  # fmt: skip
     # A synthetic speaker, registered through the voice cache (no ONNX frontend needed).
     wav = voice_dir / "bench.wav"
@@ -196,7 +197,7 @@ async def main_async(args: argparse.Namespace) -> None:
         f"preset={args.preset} device={args.device} dtype={args.dtype} tokens/sentence={args.tokens_per_sentence} "
         f"sentences/stream={args.sentences} (~{audio_s:.1f} s audio per stream) rate={args.rate} "
         f"lead={args.max_lead_s}s threads={torch.get_num_threads()} max_hop_rows={args.max_hop_rows} "
-        f"cuda_graphs={args.cuda_graphs}"
+        f"cuda_graphs={args.cuda_graphs} torch_compile={args.torch_compile}"
     )
     await run_level(model, args, 1, 1)  # warm-up
     header = (

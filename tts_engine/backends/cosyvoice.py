@@ -35,6 +35,9 @@ captured at start-up; its scratch KV slot is planned with the weights, and its g
 step's activations, far below a flow hop's) fits the per-row reserve. Elsewhere the flag is ignored with
 a warning. Not yet measured on a GPU, hence off by default.
 
+``torch_compile=True`` compiles the flow estimator's step and the vocoder with inductor
+(``cosyvoice.compile.compile_token2wav``; the first hops of each shape class pay the compile).
+
 Benchmarks: ``fixed_llm_tokens=N`` makes every text segment generate exactly N speech tokens (stop
 tokens masked until N, stop at N), so random weights do the work of real speech.
 """
@@ -161,6 +164,7 @@ class CosyVoiceBackend(Backend):
         llm_backend: str = "native",
         max_hop_rows: int | None = None,
         cuda_graphs: bool = False,
+        torch_compile: bool = False,
     ) -> None:
         if llm_backend not in ("native", "vllm"):
             raise ValueError(f"llm_backend must be 'native' or 'vllm', got {llm_backend!r}")
@@ -230,6 +234,11 @@ class CosyVoiceBackend(Backend):
             log.info("cosyvoice decode step: %d CUDA graphs captured", self.runner.num_graphs)
         else:
             self.runner = LLMRunner(model.llm, max_batch=max_batch_size, max_len=max_llm_len)
+        self.compiled = None
+        if torch_compile:  # the DiT step and the vocoder through inductor (cosyvoice/compile.py)
+            from cosyvoice.compile import compile_token2wav
+
+            self.compiled = compile_token2wav(model.token2wav, backend="inductor")
         self.stepper = BatchedStep(self.runner, model.token2wav, max_hop_rows=max_hop_rows)
 
     # -- voices --------------------------------------------------------------------------------
