@@ -108,9 +108,14 @@ def load_model(args: argparse.Namespace) -> CosyVoice3:
         print(f"writing a random-weight {args.preset} model to {model_dir} ...", file=sys.stderr)
         make_model_dir(model_dir, args.preset, seed=0, onnx_models=False)
     dtype = getattr(torch, args.dtype)
-    return CosyVoice3.from_pretrained(
+    model = CosyVoice3.from_pretrained(
         model_dir, device=torch.device(args.device), dtype=dtype, max_seconds=60
     )
+    if args.torch_compile:  # what CosyVoiceBackend(torch_compile=True) does, once for every level's backend
+        from cosyvoice.compile import compile_token2wav
+
+        compile_token2wav(model.token2wav, backend="inductor")
+    return model
 
 
 def make_backend(
@@ -122,7 +127,7 @@ def make_backend(
     backend = CosyVoiceBackend(
         model=model, seed=0, max_batch_size=max_batch, max_llm_len=args.max_llm_len, voice_cache_dir=voice_dir,
         memory_budget=budget, fixed_llm_tokens=args.tokens_per_sentence, max_hop_rows=args.max_hop_rows,
-        cuda_graphs=args.cuda_graphs, torch_compile=args.torch_compile,
+        cuda_graphs=args.cuda_graphs,  # torch.compile is applied once to the shared model (load_model)
     )  # fmt: skip
     # A synthetic speaker, registered through the voice cache (no ONNX frontend needed).
     wav = voice_dir / "bench.wav"
