@@ -7,7 +7,6 @@ compiler needed, and any difference from eager comes from the traced graph and t
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import pytest
 import torch
@@ -15,9 +14,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from cosyvoice.compile import CompileError, compile_token2wav
 from cosyvoice.flow import DiTConfig, Flow, FlowConfig, FlowInputError, attention_mask
-from cosyvoice.hift import CausalHift, HiftNoiseBuffers
+from cosyvoice.hift import CausalHift
 from cosyvoice.token2wav import HopSchedule, SpeakerPrompt, Token2Wav
-from tests.test_cosy_hift import tiny_config
+from tests.test_cosy_hift import tiny_config, tiny_hift
 
 VOCAB = 50
 CHUNK = 8  # attention chunk of the tiny flow in frames (4 tokens)
@@ -58,25 +57,7 @@ def small_hift() -> CausalHift:
         resblock_dilation_sizes=((1, 3),),
         source_resblock_dilation_sizes=((1,),) * 3,
     )
-    g = torch.Generator().manual_seed(0)
-    buffers = HiftNoiseBuffers(
-        rand_ini=torch.cat([torch.zeros(1, 1), torch.rand(1, 8, generator=g)], dim=1),
-        sine_noise=torch.rand(1, 10 * 24000, 9, generator=g),
-        uv_noise=None,
-    )
-    hift = CausalHift(config, buffers)
-    with torch.no_grad():
-        for name, p in hift.named_parameters():
-            if name.endswith("alpha"):
-                p.copy_(0.5 + torch.rand(p.shape, generator=g))
-            elif p.dim() > 1:
-                fan_in = p.shape[1] * (p.shape[2] if p.dim() == 3 else 1)
-                p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) / math.sqrt(fan_in))
-            else:
-                p.copy_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
-        hift.f0_predictor.classifier.bias.fill_(150.0)
-        hift.conv_post.weight.mul_(0.1)
-    return hift.eval()
+    return tiny_hift(config=config, noise_seconds=10)
 
 
 @pytest.fixture(scope="module")

@@ -53,15 +53,17 @@ def tiny_config() -> HiFTConfig:
     )
 
 
-def tiny_hift(seed: int = 0) -> CausalHift:
+def tiny_hift(
+    seed: int = 0, config: HiFTConfig | None = None, noise_seconds: int = NOISE_SECONDS
+) -> CausalHift:
     """Random weights scaled so f0 is mostly voiced and magnitudes stay below the iSTFT clip."""
     g = torch.Generator().manual_seed(seed)
     buffers = HiftNoiseBuffers(
         rand_ini=torch.cat([torch.zeros(1, 1), torch.rand(1, 8, generator=g)], dim=1),
-        sine_noise=torch.rand(1, NOISE_SECONDS * 24000, 9, generator=g),
+        sine_noise=torch.rand(1, noise_seconds * 24000, 9, generator=g),
         uv_noise=None,
     )
-    model = CausalHift(tiny_config(), buffers)
+    model = CausalHift(tiny_config() if config is None else config, buffers)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("alpha"):
