@@ -64,6 +64,7 @@ _RATES: dict[str, tuple[int, ...] | None] = {
     "aac": (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000),
 }
 
+_MAX_DECODE_RATE = 768_000  # as audio_codecs.wav.MAX_SAMPLE_RATE
 _OGG_PAGE_US = 60_000  # Ogg pages are written every ~60 ms instead of FFmpeg's 1 s: streams stay live
 
 
@@ -134,25 +135,38 @@ class StreamingEncoder:
         return head + self._sink.take()
 
 
-def decode_audio(data: bytes) -> tuple[np.ndarray, int]:
-    """Any audio file (WAV natively, anything FFmpeg reads through PyAV) -> (float32 mono, sample_rate)."""
+def decode_audio(data: bytes, *, max_seconds: float | None = None) -> tuple[np.ndarray, int]:
+    """Any audio file (WAV natively, anything FFmpeg reads through PyAV) -> (float32 mono, sample_rate).
+
+    Undecodable input raises ``AudioCodecError`` (``WavFormatError`` for a bad WAV). With
+    ``max_seconds``, a compressed file stops being decoded once it holds more than that much audio
+    (a few kB of FLAC or mp3 can expand to hours): the caller sees the over-long result and refuses it.
+    """
     if data[:4] == b"RIFF" and data[8:12] == b"WAVE":
         return read_wav(data)
     av = _import_av("decoding non-WAV audio")
+    pieces: list[np.ndarray] = []
     try:
         with av.open(io.BytesIO(data), mode="r") as container:
             if not container.streams.audio:
                 raise AudioCodecError("the file holds no audio stream")
             stream = container.streams.audio[0]
-            resampler = av.AudioResampler(format="flt", layout="mono", rate=stream.rate)
-            pieces: list[np.ndarray] = []
+            rate = int(stream.rate or 0)
+            if not 1 <= rate <= _MAX_DECODE_RATE:
+                raise AudioCodecError(f"the audio stream declares a sample rate of {rate} Hz")
+            limit = None if max_seconds is None else int(max_seconds * rate) + 1
+            num_samples = 0
+            resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
             for frame in container.decode(stream):
                 for out in resampler.resample(frame):
                     pieces.append(out.to_ndarray().reshape(-1))
-            for out in resampler.resample(None):
-                pieces.append(out.to_ndarray().reshape(-1))
-            rate = int(stream.rate)
-    except av.FFmpegError as exc:
+                    num_samples += pieces[-1].size
+                if limit is not None and num_samples > limit:
+                    break
+            else:
+                for out in resampler.resample(None):
+                    pieces.append(out.to_ndarray().reshape(-1))
+    except (av.FFmpegError, ValueError, OverflowError) as exc:
         raise AudioCodecError(f"cannot decode audio: {exc}") from exc
     samples = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
     return samples.astype(np.float32, copy=False), rate

@@ -24,6 +24,7 @@ _WAVE_FORMAT_PCM = 0x0001
 _WAVE_FORMAT_IEEE_FLOAT = 0x0003
 _WAVE_FORMAT_EXTENSIBLE = 0xFFFE
 _UNKNOWN_SIZE = 0xFFFFFFFF
+MAX_SAMPLE_RATE = 768_000  # the highest rate audio hardware records at; anything above is a corrupt header
 
 
 def float_to_int16(x: np.ndarray) -> np.ndarray:
@@ -89,9 +90,13 @@ def read_wav(data: bytes | bytearray | memoryview | str | PathLike[str]) -> tupl
         if len(fmt_chunk) < 40:
             raise WavFormatError("WAVE_FORMAT_EXTENSIBLE fmt chunk is shorter than 40 bytes")
         format_tag = struct.unpack_from("<H", fmt_chunk, 24)[0]  # first two bytes of the SubFormat GUID
-    if channels < 1 or sample_rate < 1:
-        raise WavFormatError(f"WAV declares {channels} channels at {sample_rate} Hz")
-    if bits % 8 or block_align != channels * bits // 8:
+    if channels < 1:
+        raise WavFormatError(f"WAV declares {channels} channels")
+    if not 1 <= sample_rate <= MAX_SAMPLE_RATE:
+        raise WavFormatError(
+            f"WAV declares a sample rate of {sample_rate} Hz; accepted: 1..{MAX_SAMPLE_RATE} Hz"
+        )
+    if bits < 8 or bits % 8 or block_align != channels * bits // 8:
         raise WavFormatError(f"unsupported WAV layout: {bits} bits, block_align {block_align}")
     sample_width = bits // 8
     usable = len(payload) - len(payload) % block_align

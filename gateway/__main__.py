@@ -1,4 +1,5 @@
-"""`python -m gateway serve [--config FILE] [--host H] [--port P]`."""
+"""`python -m gateway serve [--config FILE] [--host H] [--port P]`; `python -m gateway check [--config FILE]
+[--no-synth] [--json] [--verbose]` (what works with the configured models, docs/check.md)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.log_redaction import install_log_redaction
+    from gateway.ws_protocol import WebSocketProtocol
 
     overrides: dict = {"server": {}}
     if args.host:
@@ -28,12 +31,18 @@ def _serve(args: argparse.Namespace) -> int:
         level=config.server.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    install_log_redaction()  # credentials in query strings never reach uvicorn's logs
+    try:
+        app = create_app(config)
+    except ConfigError as exc:  # e.g. an unreadable server.auth.secret_file
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     uvicorn.run(
-        create_app(config),
+        app,
         host=config.server.host,
         port=config.server.port,
         log_level=config.server.log_level,
-        ws="websockets-sansio",
+        ws=WebSocketProtocol,  # websockets-sansio, without its spurious ERROR after a refused handshake
         ws_per_message_deflate=False,  # devices do not negotiate it; keep frames plain
         ws_ping_interval=None,  # ESP32s answer pings late; idle timeouts live in the session
         ws_ping_timeout=None,
@@ -49,9 +58,15 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--config", help="config file (default: config.yaml in the project root)")
     serve.add_argument("--host", help="listen address (overrides server.host)")
     serve.add_argument("--port", type=int, help="listen port (overrides server.port)")
+    check = sub.add_parser("check", help="load every configured model, speak and recognise one sentence")
+    from gateway import check_report
+
+    check_report.add_arguments(check)
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "check":
+        return check_report.run(args)
     return 2
 
 

@@ -1,4 +1,5 @@
-"""Assembles the FastAPI app: device socket, OTA, the TTS API (gateway/api), health, metrics."""
+"""Assembles the FastAPI app: device socket, OTA, the TTS API (gateway/api), health, metrics, and the
+HTTP guard in front of them (API keys and body caps, gateway/http_guard.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from gateway import device_socket, ota
 from gateway.api import include_api
 from gateway.config import Config
+from gateway.device_tokens import DeviceAuth
+from gateway.http_guard import HttpGuard
+from gateway.log_redaction import install_log_redaction
 from gateway.services import Services
 
 log = logging.getLogger(__name__)
@@ -39,6 +43,11 @@ def create_app(config: Config, *, services: Services | None = None) -> FastAPI:
             await svc.close()
 
     app = FastAPI(title="Xiaozhi gateway", version="0.1.0", lifespan=lifespan)
+    # API keys before any body is read, and every body capped while it streams (401 / 413).
+    docs_paths = (app.docs_url, app.redoc_url, app.openapi_url, app.swagger_ui_oauth2_redirect_url)
+    app.add_middleware(HttpGuard, api=config.api, docs_paths=docs_paths)
+    install_log_redaction()  # no credentials from query strings in uvicorn's logs
+    app.state.device_auth = DeviceAuth.from_config(config.server.auth)  # OTA tokens, socket admission
     app.include_router(ota.router)
     app.include_router(device_socket.router)
 

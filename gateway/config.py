@@ -1,9 +1,16 @@
 """Configuration: `config.yaml` defaults, an optional other file, env overrides.
 
 Environment variables `XZ_<SECTION>__<KEY>` (nested keys joined by `__`)
-override single values; they are parsed as YAML scalars, so `true`, `24000`
-and `[a, b]` mean what they look like. Validation errors stop the process
+override single values; they are parsed as YAML scalars, so `true` and `24000`
+mean what they look like, except for string keys, which take the value as written
+(`XZ_LLM__API_KEY=0123` is the string "0123"). Validation errors stop the process
 with the key's dotted name in the message.
+
+Every list-of-strings key (`server.auth.tokens`, `api.api_keys`, ...) follows one rule, wherever
+the value comes from: a list, or one string of comma-separated entries (`XZ_API__API_KEYS=k1,k2`,
+`XZ_SERVER__AUTH__TOKENS=tok-abc`). Entries are stripped and empty ones dropped. From the
+environment, a value that starts with `[` is a YAML/JSON list (`["a,b", c]` for an entry that holds
+a comma); anything else is taken as written, never as a YAML number or boolean.
 """
 
 from __future__ import annotations
@@ -11,10 +18,18 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "config.yaml"
 ENV_PREFIX = "XZ_"
@@ -24,14 +39,54 @@ class ConfigError(Exception):
     """The configuration is unreadable or invalid."""
 
 
+def _is_text_list(annotation: Any) -> bool:
+    return get_origin(annotation) is list and get_args(annotation) == (str,)
+
+
+def _is_text(annotation: Any) -> bool:
+    """A plain string key (`str` or `str | None`), whose environment value is never parsed as YAML."""
+    if annotation is str:
+        return True
+    args = get_args(annotation)
+    return bool(args) and str in args and all(a in (str, type(None)) for a in args)
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _text_list(cls, value: Any, info: ValidationInfo) -> Any:
+        """A list-of-strings key takes a list or one comma-separated string; empty entries are dropped."""
+        field = cls.model_fields.get(info.field_name or "")
+        if field is None or not _is_text_list(field.annotation):
+            return value
+        if isinstance(value, str):
+            value = value.split(",")
+        if not isinstance(value, list):
+            return value
+        items = [str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v for v in value]
+        items = [v.strip() if isinstance(v, str) else v for v in items]
+        return [v for v in items if v is not None and v != ""]
+
 
 class AuthConfig(_Section):
+    """Device socket admission (docs/device-auth.md)."""
+
     enabled: bool = False
-    tokens: list[str] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)  # operator tokens: never sent by OTA
     allowed_devices: list[str] = Field(default_factory=list)
+    ota_open: bool = False  # OTA issues a device token to any Device-Id that asks
+    secret: str = Field("", repr=False)  # signs device tokens; else secret_file; else random per process
+    secret_file: str = ""  # read, or created with a random key, when `secret` is empty
+    device_token_ttl_s: float = Field(30 * 86400, ge=60, le=366 * 86400)
+
+    @field_validator("secret")
+    @classmethod
+    def _secret_length(cls, v: str) -> str:
+        if v and len(v) < 16:
+            raise ValueError("must be empty or at least 16 characters")
+        return v
 
 
 class ServerConfig(_Section):
@@ -68,6 +123,7 @@ class SessionConfig(_Section):
     max_text_frame_bytes: int = Field(65536, ge=256)
     max_binary_frame_bytes: int = Field(65551, ge=256)
     mcp_timeout_s: float = Field(30, gt=0, le=300)
+    vision_url: str = Field("", max_length=2048)
 
 
 class LLMConfig(_Section):
@@ -118,7 +174,7 @@ class VADConfig(_Section):
 
 class ASRConfig(_Section):
     backend: Literal["auto", "funasr", "none"] = "auto"
-    model: str = "iic/SenseVoiceSmall"
+    model: str = "auto"  # models/SenseVoiceSmall when present, else iic/SenseVoiceSmall
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     language: Literal["auto", "zh", "en", "yue", "ja", "ko"] = "auto"
     use_itn: bool = True
@@ -189,18 +245,17 @@ class ApiConfig(_Section):
     max_prompt_seconds: float = Field(30, ge=1, le=30)  # the voice store takes 1..30 s prompts
     max_prompt_bytes: int = Field(10 * 1024 * 1024, ge=1024, le=16 * 1024 * 1024)
     api_keys: list[str] = Field(default_factory=list)
+    # With api_keys set, /metrics and the OpenAPI docs (/docs, /redoc, /openapi.json) need a key too,
+    # unless made public on purpose here (gateway/http_guard.py).
+    public_metrics: bool = False
+    public_docs: bool = False
+    # OTA request bodies (the device's JSON report; a few KiB): cap in bytes, 413 beyond it.
+    max_ota_body_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
     default_sample_rate: Literal[8000, 12000, 16000, 22050, 24000, 44100, 48000] = 24000
     voice_aliases: dict[str, str] = Field(default_factory=lambda: dict.fromkeys(OPENAI_VOICE_NAMES, ""))
-
-    @field_validator("api_keys", mode="before")
-    @classmethod
-    def _split_keys(cls, v: Any) -> Any:
-        """`XZ_API__API_KEYS=k1,k2` (a plain string) means two keys; empty entries are dropped."""
-        if isinstance(v, str):
-            v = v.split(",")
-        if isinstance(v, list):
-            return [str(k).strip() for k in v if str(k).strip()]
-        return v
+    # An unknown voice on the HTTP speech endpoints: fallback (the default voice, logged once per
+    # name; what the incumbent's providers and OpenAI clients need) or strict (400 unknown_voice).
+    unknown_voice: Literal["fallback", "strict"] = "fallback"
 
 
 class Config(_Section):
@@ -252,10 +307,7 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         path = [part.lower() for part in name[len(ENV_PREFIX) :].split("__")]
         if not all(path):
             continue
-        try:
-            value = yaml.safe_load(raw) if raw != "" else ""
-        except yaml.YAMLError:
-            value = raw
+        value = _env_value(name, raw, path)
         node = tree
         for part in path[:-1]:
             node = node.setdefault(part, {})
@@ -263,6 +315,33 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
                 raise ConfigError(f"environment variable {name} conflicts with another override")
         node[path[-1]] = value
     return tree
+
+
+def _env_value(name: str, raw: str, path: list[str]) -> Any:
+    if _is_text_list(_field_annotation(path)):
+        if not raw.lstrip().startswith("["):
+            return raw  # comma-separated entries, split by _Section._text_list
+        try:
+            return yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            problem = " ".join(str(exc).split())
+            raise ConfigError(f"environment variable {name} is not a valid list: {problem}") from None
+    if _is_text(_field_annotation(path)):
+        return raw  # a string key takes the value as written: `XZ_LLM__API_KEY=0123` stays "0123"
+    try:
+        return yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        return raw
+
+
+def _field_annotation(path: list[str]) -> Any:
+    """The type of the config key at ``path`` (None when there is no such key)."""
+    node: Any = Config
+    for part in path:
+        if not (isinstance(node, type) and issubclass(node, BaseModel)) or part not in node.model_fields:
+            return None
+        node = node.model_fields[part].annotation
+    return node
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

@@ -1,18 +1,26 @@
-"""The device WebSocket endpoint: handshake, auth, one Session per connection."""
+"""The device WebSocket endpoint: handshake, auth, one Session per connection.
+
+A refused upgrade gets a plain HTTP answer: 400 (bad handshake), 401 (no valid token) or 409 (the
+Device-Id is connected with a token and this connection has none). A new connection with the
+same Device-Id replaces the old session only once it is admitted, and never with less proof.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import replace
 
 from fastapi import APIRouter, WebSocket
 from fastapi.responses import PlainTextResponse
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
+from gateway.device_tokens import Admission, DeviceAuth
+from gateway.log_redaction import loggable
 from gateway.ota import DEVICE_WS_PATH
 from gateway.services import Services
 from gateway.session import Session
-from gateway.xiaozhi import HandshakeInfo, RemoteProtocolError, parse_handshake
+from gateway.xiaozhi import RemoteProtocolError, parse_handshake
 
 log = logging.getLogger(__name__)
 
@@ -48,43 +56,45 @@ class StarletteDeviceSocket:
                 await self._ws.close(code)
 
 
-def authorized(services: Services, info: HandshakeInfo) -> bool:
-    auth = services.config.server.auth
-    if not auth.enabled:
-        return True
-    if info.device_id and info.device_id in auth.allowed_devices:
-        return True
-    return bool(info.token) and info.token in auth.tokens
-
-
 async def _reject(ws: WebSocket, status: int, message: str) -> None:
-    try:
+    """Refuses the upgrade with an HTTP response (a 403 from a server without the denial extension)."""
+    if "websocket.http.response" in ws.scope.get("extensions", {}):
         await ws.send_denial_response(PlainTextResponse(message, status_code=status))
-    except RuntimeError:  # server without the denial-response extension
+    else:
         await ws.close(code=1008)
 
 
 async def device_endpoint(ws: WebSocket) -> None:
     services: Services = ws.app.state.services
+    device_auth: DeviceAuth = ws.app.state.device_auth
     try:
         info = parse_handshake(ws.headers, ws.query_params)
     except RemoteProtocolError as exc:
+        log.info("device handshake refused: %s", exc)
         await _reject(ws, 400, f"bad handshake: {exc}")
         return
-    if not authorized(services, info):
-        log.info("device %s refused: bad or missing token", info.device_id)
+    admission = device_auth.check(info)
+    if admission is Admission.REFUSED:
+        log.info("device %s refused: bad or missing token", loggable(info.device_id or "?"))
         await _reject(ws, 401, "authentication failed")
         return
-    await ws.accept()
+    info = replace(info, authenticated=admission is Admission.AUTHENTICATED)
     key = services.session_key(info.device_id)
     old = services.sessions.get(key)
-    if old is not None:
-        log.info("device %s reconnected; closing its previous session", key)
-        await old.close()
+    if old is not None and old.info.authenticated and not info.authenticated:
+        # A Device-Id is no secret: only a connection with a valid token may replace one that had one.
+        log.warning("device %s refused: already connected with a token, this connection has none", key)
+        await _reject(ws, 409, "this device is connected with a token; reconnect with a valid token")
+        return
     session = Session(StarletteDeviceSocket(ws), info, services)
-    services.sessions[key] = session
-    log.info("device %s connected (framing v%d)", key, info.protocol_version)
+    services.sessions[key] = session  # claimed before the first await: no race with another upgrade
     try:
+        if old is not None:
+            log.info("device %s reconnected; closing its previous session", key)
+            await old.close()
+        await ws.accept()
+        log.info("device %s connected (framing v%d%s)", key, info.protocol_version,
+                 ", token" if info.authenticated else "")  # fmt: skip
         await session.run()
     finally:
         if services.sessions.get(key) is session:

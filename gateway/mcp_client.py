@@ -1,7 +1,12 @@
 """The server side of MCP over the device socket: the device is the MCP server.
 
-After the hello we send `initialize`, then `tools/list` following `nextCursor`.
+After our hello reply we send `initialize`, then `tools/list` following `nextCursor`.
 Request ids are unique integers (the firmware drops string ids).
+
+`initialize` always carries `capabilities.vision {url, token}`, as the incumbent
+server sends it: the firmware gives both to its camera's "explain" call, and
+clients such as xiaozhi-sdk read them unconditionally. An empty url means no
+vision endpoint (the firmware then leaves its camera's explain URL unset).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -22,10 +28,25 @@ class McpError(Exception):
     """The device answered with an error, or did not answer in time."""
 
 
+@dataclass(frozen=True)
+class VisionCapability:
+    """Where the device's camera sends a photo to be explained, and the bearer token it sends."""
+
+    url: str = ""
+    token: str = ""
+
+
 class DeviceMcpClient:
-    def __init__(self, send: Callable[[dict[str, Any]], Awaitable[None]], *, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        send: Callable[[dict[str, Any]], Awaitable[None]],
+        *,
+        timeout_s: float = 30.0,
+        vision: VisionCapability | None = None,
+    ) -> None:
         self._send = send
         self._timeout_s = timeout_s
+        self._vision = vision or VisionCapability()
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.tools: list[dict[str, Any]] = []
@@ -72,7 +93,11 @@ class DeviceMcpClient:
                 "initialize",
                 {
                     "protocolVersion": PROTOCOL_VERSION,
-                    "capabilities": {"roots": {"listChanged": True}, "sampling": {}},
+                    "capabilities": {
+                        "roots": {"listChanged": True},
+                        "sampling": {},
+                        "vision": asdict(self._vision),
+                    },
                     "clientInfo": {"name": "XiaozhiGateway", "version": "0.1.0"},
                 },
             )

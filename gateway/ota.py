@@ -3,6 +3,10 @@
 Parsed leniently: devices send odd types (`minimum_free_heap_size` is a
 string) and test clients send less. The reply never carries `mqtt` (the device
 would switch transport), `activation`, or a firmware offer it would install.
+
+With `server.auth` on, `websocket.token` is a device token bound to the asking Device-Id, and only
+for an admitted device (gateway/device_tokens.py, docs/device-auth.md); the operators' static
+tokens are never sent. A Device-Id or Client-Id that is too long or unprintable gets a 400.
 """
 
 from __future__ import annotations
@@ -16,6 +20,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from gateway.config import Config
+from gateway.device_tokens import DeviceAuth
+from gateway.log_redaction import loggable
+from gateway.xiaozhi import RemoteProtocolError
+from gateway.xiaozhi.handshake import check_identity
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +43,8 @@ def websocket_url(config: Config, request: Request) -> str:
     return f"{scheme}://{host}{DEVICE_WS_PATH}"
 
 
-def ota_reply(config: Config, request: Request, body: dict[str, Any]) -> dict[str, Any]:
-    token = config.server.auth.tokens[0] if config.server.auth.enabled and config.server.auth.tokens else ""
+def ota_reply(config: Config, request: Request, body: dict[str, Any], token: str = "") -> dict[str, Any]:
+    """``token``: the device token for this device ("" when auth is off or the device is not admitted)."""
     reply: dict[str, Any] = {
         "server_time": {
             "timestamp": int(time.time() * 1000),
@@ -61,6 +69,12 @@ def ota_reply(config: Config, request: Request, body: dict[str, Any]) -> dict[st
 async def ota(request: Request) -> JSONResponse:
     services = request.app.state.services
     services.metrics.ota_requests.inc()
+    try:  # checked before the body is read
+        device_id = check_identity("Device-Id", request.headers.get("device-id") or None)
+        client_id = check_identity("Client-Id", request.headers.get("client-id") or None)
+    except RemoteProtocolError as exc:
+        log.info("OTA refused: %s", exc)
+        return JSONResponse({"error": str(exc)}, status_code=400)
     raw = await request.body()
     body: dict[str, Any] = {}
     if raw:
@@ -70,9 +84,14 @@ async def ota(request: Request) -> JSONResponse:
                 body = parsed
         except (ValueError, UnicodeDecodeError):
             log.info("OTA request with a body that is not JSON (%d bytes)", len(raw))
-    device_id = request.headers.get("device-id", "?")
-    log.info("OTA from device %s (%s)", device_id, request.headers.get("user-agent", "?"))
-    return JSONResponse(ota_reply(services.config, request, body))
+    device_auth: DeviceAuth = request.app.state.device_auth
+    token = device_auth.token_for(device_id, client_id)
+    user_agent = loggable(request.headers.get("user-agent", "?"))
+    if device_auth.signer is not None and not token:
+        log.info("OTA from device %s (%s): not admitted, no device token", device_id or "?", user_agent)
+    else:
+        log.info("OTA from device %s (%s)", device_id or "?", user_agent)
+    return JSONResponse(ota_reply(services.config, request, body, token))
 
 
 @router.get("/xiaozhi/ota/")

@@ -18,9 +18,16 @@ from gateway.llm.base import ChatLLM
 from gateway.llm.echo import EchoLLM
 from gateway.llm.openai_chat import OpenAIChatLLM
 from gateway.metrics import GatewayMetrics
+from gateway.model_check import (
+    CheckResult,
+    asr_status_checks,
+    loaded_model_checks,
+    log_checks,
+    tts_file_checks,
+)
 from tts_engine import TTSEngine
 from tts_engine.backends import Backend, create_backend
-from tts_engine.voices import VoiceError, VoiceStore
+from tts_engine.voices import VoiceStore
 
 if TYPE_CHECKING:
     from gateway.session import Session
@@ -113,6 +120,7 @@ class Services:
     metrics: GatewayMetrics
     tts_warning: str | None = None
     voices: VoiceStore | None = None  # the voice presets (registered with engines that clone voices)
+    checks: list[CheckResult] = field(default_factory=list)  # start-up model checks (gateway/model_check.py)
     sessions: dict[str, Session] = field(default_factory=dict)
     _anonymous: int = 0
 
@@ -126,14 +134,21 @@ class Services:
         asr: ASR | None = None,
     ) -> Services:
         warning = None
+        checks: list[CheckResult] = []
         if engine is None:
             choice = choose_tts_backend(config.tts)
             warning = choice.warning
             if warning:
                 log.warning("!!! %s", warning)
             set_cpu_threads(choice.backend, config.tts.cpu_threads)
+            if choice.backend == "cosyvoice":  # cheap (checkpoint indexes only); problems logged with fixes
+                checks = tts_file_checks(config.tts, onnx=False, tokenizer=False)
+                if any(check.failed for check in checks):
+                    log_checks(checks)
+            backend = create_tts_backend(choice.backend, config.tts, config.engine, config.gpu)
+            checks += loaded_model_checks(backend)  # the tokenizer and ONNX sessions it loaded
             engine = TTSEngine(
-                create_tts_backend(choice.backend, config.tts, config.engine, config.gpu),
+                backend,
                 max_pending_requests=config.tts.max_pending_requests,
                 max_buffered_chunks=config.tts.max_buffered_chunks,
                 max_queue_wait_s=config.engine.max_queue_wait_s,
@@ -147,6 +162,9 @@ class Services:
             tts_warning=warning,
             voices=VoiceStore(config.tts.voices_dir),
         )
+        if checks:
+            services.checks = checks + asr_status_checks(services.asr)
+            log_checks(services.checks)
         services.metrics.watch_engine(lambda: services.engine.stats)
         return services
 
@@ -161,8 +179,8 @@ class Services:
         for preset in self.voices.load():
             try:
                 await self.engine.add_voice(preset)
-            except VoiceError as exc:
-                log.error("voice %r is not available: %s", preset.name, exc)
+            except Exception as exc:  # a preset the backend cannot use is skipped; the server starts
+                log.warning("voice %r is not available: %s", preset.name, exc)
         if self.config.tts.voice not in self.engine.voices:
             log.warning(
                 "!!! the configured voice %r is not available (voices: %s); add %s/%s.yaml",
@@ -195,7 +213,8 @@ class Services:
 
     def health(self) -> dict[str, Any]:
         engine = self.engine.health()
-        status = "degraded" if self.tts_warning else "ok"
+        failed_check = any(check.failed for check in self.checks)
+        status = "degraded" if self.tts_warning or failed_check else "ok"
         return {
             "status": status,
             "sessions": len(self.sessions),
@@ -203,4 +222,5 @@ class Services:
             "llm": {"provider": self.config.llm.provider},
             "asr": {"backend": self.asr.name, "warning": self._asr_warning()},
             "audio": {"output_sample_rate": self.config.audio.output_sample_rate},
+            "checks": [check.as_dict() for check in self.checks],
         }

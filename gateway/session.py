@@ -3,17 +3,25 @@
 A turn is a task (with its own task group inside the speaker); abort, a new
 query or the end of the connection cancel it, and its `finally` sends the one
 `tts stop` that matches its `tts start`. Only `_send` touches the socket.
+
+Idle rules (`session` in config.yaml): `idle_no_voice_s` counts from the later
+of the user's last words (speech or typed text) and the end of the server's
+last reply, and stands still while a reply or a recognition runs;
+`idle_hard_s` counts from the user's last words whatever else happens. The
+watchdog sleeps until the earlier deadline and is woken only when a reply or
+recognition ends (the only events that can bring a deadline closer).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import unicodedata
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 import numpy as np
@@ -22,7 +30,7 @@ from audio_codecs.opus import OpusEncoder
 from gateway.asr import ASRError, ASRNotConfigured
 from gateway.listener import Listener, ListenEvent, UtteranceEnded, UtteranceStarted
 from gateway.llm.conversation import Conversation
-from gateway.mcp_client import DeviceMcpClient
+from gateway.mcp_client import DeviceMcpClient, VisionCapability
 from gateway.services import Services
 from gateway.turns import Turns
 from gateway.xiaozhi import (
@@ -46,6 +54,8 @@ from gateway.xiaozhi import (
 log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 10.0
+
+TaskFactory = Callable[[], Coroutine[Any, Any, None]]
 
 
 class DeviceSocket(Protocol):
@@ -106,10 +116,12 @@ class Session:
         self._recognising = np.zeros(0, np.int16)
         self._tg: asyncio.TaskGroup | None = None
         self._send_lock = asyncio.Lock()
+        self._tts_stops_sent = 0
         self._started = time.monotonic()
-        self._last_activity = self._started
-        self._last_voice = self._started
-        self._activity = asyncio.Event()
+        self._voice_at = self._started  # the user last spoke or typed
+        self._quiet_since = self._started  # the last reply or recognition ended
+        self._wake = asyncio.Event()  # re-arms the watchdog: a deadline may have come closer
+        self.watchdog_wakeups = 0
         self._closing = False
 
     # ---- lifecycle -------------------------------------------------------
@@ -151,38 +163,61 @@ class Session:
                 await self._on_text(message)
 
     async def _watchdog(self) -> None:
-        cfg = self.services.config.session
-        while True:
-            now = time.monotonic()
-            if self._turn is not None and not self._turn.done():
-                self._last_activity = now
-            if not self._hello_done:
-                deadline = self._started + HELLO_TIMEOUT_S
-                reason = "no hello"
-            else:
-                voice_deadline = self._last_voice + cfg.idle_no_voice_s
-                hard_deadline = self._last_activity + cfg.idle_hard_s
-                deadline = min(voice_deadline, hard_deadline)
-                reason = "no speech" if voice_deadline <= hard_deadline else "no activity"
-            if now >= deadline and (self._turn is None or self._turn.done()):
-                log.info("session %s closing: %s", self.session_id, reason)
-                await self.close()
-                return
-            self._activity.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(max(deadline - now, 0.05)):
-                    await self._activity.wait()
+        """Ends the session at its deadline: one sleep per deadline, no polling.
 
-    def _touch(self, *, voice: bool = False) -> None:
-        self._last_activity = time.monotonic()
-        if voice:
-            self._last_voice = self._last_activity
-        self._activity.set()
+        Voice only moves deadlines later, so it does not wake the watchdog: at the
+        old deadline it recomputes and sleeps again. `_wake` is set when a deadline
+        may have come closer (hello done, a reply or recognition ended).
+        """
+        while not self._closing:
+            reason, deadline = self._deadline()
+            now = time.monotonic()
+            if now >= deadline:
+                await self._end(reason)
+                return
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(deadline - now):
+                    await self._wake.wait()
+            self.watchdog_wakeups += 1
+
+    def _deadline(self) -> tuple[str, float]:
+        """The next reason to close, and when."""
+        if not self._hello_done:
+            return "no hello", self._started + HELLO_TIMEOUT_S
+        cfg = self.services.config.session
+        hard = ("no speech for idle_hard_s", self._voice_at + cfg.idle_hard_s)
+        if self._busy():
+            return hard
+        soft = ("no speech", max(self._voice_at, self._quiet_since) + cfg.idle_no_voice_s)
+        return min(soft, hard, key=lambda item: item[1])
+
+    def _busy(self) -> bool:
+        """A reply is playing or an utterance is being recognised."""
+        return any(task is not None and not task.done() for task in (self._turn, self._recognition))
+
+    def _became_quiet(self, _task: asyncio.Task[None]) -> None:
+        self._quiet_since = time.monotonic()
+        self._wake.set()
+
+    async def _end(self, reason: str) -> None:
+        """Closes the session from the inside; a reply still playing gets its `tts stop` first."""
+        log.info("session %s closing: %s", self.session_id, reason)
+        self._closing = True
+        self._cancel_recognition()
+        async with self._turn_lock:
+            await self._cancel_turn()
+        await self.close()
+
+    def _heard_voice(self) -> None:
+        self._voice_at = time.monotonic()
 
     # ---- sending -----------------------------------------------------------
 
     async def _send(self, event: object) -> None:
         data = self.conn.send(event)
+        if isinstance(event, TtsStop):
+            self._tts_stops_sent += 1
         async with self._send_lock:
             try:
                 if isinstance(data, bytes):
@@ -219,7 +254,6 @@ class Session:
             self.services.metrics.protocol_errors.labels("text").inc()
             log.info("session %s: dropped text frame: %s", self.session_id, exc)
             return
-        self._touch()
         if isinstance(event, Hello):
             await self._on_hello(event)
         elif not self._hello_done:
@@ -239,11 +273,17 @@ class Session:
         params = AudioParams(format="opus", sample_rate=self.sample_rate, channels=1, frame_duration=60)
         start_mcp = not self._hello_done and bool(self.features.get("mcp")) and self._tg is not None
         if start_mcp:
-            self.mcp = DeviceMcpClient(self._send_mcp, timeout_s=self.services.config.session.mcp_timeout_s)
+            cfg = self.services.config.session
+            # The token is the device's credential for vision_url. We serve no vision endpoint, so
+            # it is empty: the device-socket token must never travel to a third-party URL.
+            vision = VisionCapability(url=cfg.vision_url, token="")
+            self.mcp = DeviceMcpClient(self._send_mcp, timeout_s=cfg.mcp_timeout_s, vision=vision)
         await self._send(ServerHello(session_id=self.session_id, audio_params=params))
         self._hello_done = True
+        self._wake.set()  # the idle deadlines replace the hello deadline
         if start_mcp and self.mcp is not None and self._tg is not None:
-            self._tg.create_task(self._guard(self.mcp.start(), "mcp"))
+            # `initialize` only after our hello reply went out: clients set up MCP on that reply.
+            self._tg.create_task(self._guard(self.mcp.start, "mcp"))
 
     async def _send_mcp(self, payload: dict[str, Any]) -> None:
         await self._send(McpMessage(payload=payload))
@@ -258,7 +298,7 @@ class Session:
             self.listening = False
             pcm = self.listener.take()
             if pcm.size >= self.services.config.asr.min_utterance_s * 16000:
-                self._touch(voice=True)
+                self._heard_voice()
                 self._recognise(pcm)
         elif listen.state == ListenState.DETECT:
             await self._on_detect((listen.text or "").strip())
@@ -269,33 +309,35 @@ class Session:
         self.listener.mute(self.services.config.asr.vad.detect_mute_s)
         if not text:
             return
-        self._touch(voice=True)
+        self._heard_voice()
         cfg = self.services.config.session
         bare = _bare(text)
+        spoken = self.turns.spoken
         if bare and bare in {_bare(w) for w in cfg.wake_words}:
             if cfg.enable_greeting:
-                await self._start_turn(self.turns.spoken(None, [cfg.greeting], kind="greeting"))
+                await self._start_turn(functools.partial(spoken, None, [cfg.greeting], kind="greeting"))
             else:
-                await self._start_turn(self.turns.spoken(text, [], kind="greeting"))
+                await self._start_turn(functools.partial(spoken, text, [], kind="greeting"))
             return
         if bare and bare in {_bare(w) for w in cfg.exit_commands}:
-            await self._start_turn(self._exit_turn(text))
+            await self._start_turn(functools.partial(self._exit_turn, text))
             return
-        await self._start_turn(self.turns.query(text))
+        await self._start_turn(functools.partial(self.turns.query, text))
 
     # ---- turns -------------------------------------------------------------
 
-    async def _start_turn(self, turn: Coroutine[Any, Any, None]) -> None:
-        try:
-            async with self._turn_lock:  # the reader and a recognition may both start turns
-                await self._cancel_turn(aborted=True)
-                if self._tg is None or self._closing:
-                    turn.close()
-                    return
-                self._turn = self._tg.create_task(self._guard(turn, "turn"))
-        except asyncio.CancelledError:
-            turn.close()
-            raise
+    async def _start_turn(self, make_turn: TaskFactory) -> None:
+        """Replaces the running turn by a new one.
+
+        The turn's coroutine is made inside its task: a turn cancelled before its
+        task first ran (an abort right behind the query) leaves no coroutine behind.
+        """
+        async with self._turn_lock:  # the reader and a recognition may both start turns
+            await self._cancel_turn(aborted=True)
+            if self._tg is None or self._closing:
+                return
+            self._turn = self._tg.create_task(self._guard(make_turn, "turn"))
+            self._turn.add_done_callback(self._became_quiet)
 
     async def _cancel_turn(self, *, aborted: bool = False) -> bool:
         """Cancels the running turn (its finally sends `tts stop`); True if one ran."""
@@ -310,31 +352,36 @@ class Session:
         return True
 
     async def _abort(self) -> None:
-        if not await self._cancel_turn(aborted=True):
+        """Stops the reply; answered by exactly one `tts stop`.
+
+        A turn that was speaking sends its own; one cancelled before it started
+        speaking (or no turn at all) sends none, so this does.
+        """
+        stops = self._tts_stops_sent
+        await self._cancel_turn(aborted=True)
+        if self._tts_stops_sent == stops:
             with contextlib.suppress(SessionClosed):
                 await self._send(TtsStop())
 
-    async def _guard(self, coro: Coroutine[Any, Any, None], what: str) -> None:
-        """Keeps one turn's failure from ending the session."""
+    async def _guard(self, make: TaskFactory, what: str) -> None:
+        """Runs one task body; its failure is logged and never ends the session."""
         try:
-            await coro
+            await make()
         except SessionClosed:
             pass
         except Exception:
             log.exception("session %s: %s failed", self.session_id, what)
-        finally:
-            self._touch()
 
     # ---- speech (listen modes, protocol §9 b-d) -------------------------------
 
     async def _on_speech(self, event: ListenEvent) -> None:
         if isinstance(event, UtteranceStarted):
-            self._touch(voice=True)
+            self._heard_voice()
             barge_in = self.mode == ListenMode.REALTIME and bool(self.features.get("aec"))
             if barge_in and self._turn is not None and not self._turn.done():
                 await self._cancel_turn(aborted=True)  # with AEC: `tts stop` as soon as speech is heard
         elif isinstance(event, UtteranceEnded):
-            self._touch(voice=True)
+            self._heard_voice()
             if event.speech_s >= self.services.config.asr.min_utterance_s:
                 self._recognise(event.pcm)
 
@@ -351,28 +398,28 @@ class Session:
             self._recognition.cancel()
             pcm = np.concatenate([self._recognising, pcm])
         self._recognising = pcm
-        self._recognition = self._tg.create_task(self._guarded_recognition(pcm))
+        self._recognition = self._tg.create_task(
+            self._guard(functools.partial(self._recognition_task, pcm), "asr")
+        )
+        self._recognition.add_done_callback(self._became_quiet)
 
     def _cancel_recognition(self) -> None:
         if self._recognition is not None:
             self._recognition.cancel()
         self._recognition = None
 
-    async def _guarded_recognition(self, pcm: np.ndarray) -> None:
-        await self._guard(self._recognition_task(pcm), "asr")
-
     async def _recognition_task(self, pcm: np.ndarray) -> None:
         try:
             text = (await self.services.asr.transcribe(pcm)).strip()
         except ASRNotConfigured:
             reply = self.services.config.asr.not_configured_reply
-            await self._start_turn(self.turns.spoken(None, [reply], kind="notice"))
+            await self._start_turn(functools.partial(self.turns.spoken, None, [reply], kind="notice"))
             return
         except ASRError as exc:
             log.warning("session %s: ASR failed: %s", self.session_id, exc)
             return
         if text:
-            await self._start_turn(self.turns.query(text))
+            await self._start_turn(functools.partial(self.turns.query, text))
 
     async def _exit_turn(self, text: str) -> None:
         self.services.metrics.turns_total.labels("exit").inc()

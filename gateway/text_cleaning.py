@@ -9,6 +9,10 @@ unpaired delimiters as literal text.
 
 Emoji are found by Unicode properties (``Extended_Pictographic``) through the ``regex`` package, so
 new emoji are covered when its Unicode tables are updated.
+
+``lone_surrogate_at()`` and ``has_speech()`` are the checks an API applies to text before speaking it:
+a lone UTF-16 surrogate (``"\\ud800"`` in JSON) cannot be encoded, and text whose only content is
+punctuation, symbols or emoji has nothing to say. ``clean_for_speech()`` drops lone surrogates.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from collections.abc import Callable
 
 import regex
 
-__all__ = ["clean_for_speech", "first_emoji"]
+__all__ = ["clean_for_speech", "first_emoji", "has_speech", "lone_surrogate_at"]
 
 # --- emoji ---------------------------------------------------------------------------------------
 
@@ -67,6 +71,10 @@ _URL_TRAILING = ".,;:!?*~"
 _DELIMITER_RUN = regex.compile(r"\*+|_+|~{2,}")
 # Placeholders protect code spans, escapes and URLs from the emphasis rules (private-use area).
 _PLACEHOLDER = regex.compile(r"\uE000(\d+)\uE001")
+# Removed from the input first: lone surrogates (not encodable) and the placeholder delimiters
+# (text that spelled a placeholder would be replaced by another part of the text, or loop).
+_NOT_TEXT = regex.compile(r"[\uD800-\uDFFF\uE000\uE001]")
+_LETTER_OR_DIGIT = regex.compile(r"[\p{L}\p{N}]")
 
 # --- whitespace ----------------------------------------------------------------------------------
 
@@ -86,15 +94,30 @@ def first_emoji(text: str) -> str | None:
     return match.group(0) if match else None
 
 
+def lone_surrogate_at(text: str) -> int | None:
+    """Index of the first lone UTF-16 surrogate in ``text`` (which UTF-8 cannot encode), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
+def has_speech(text: str) -> bool:
+    """True when ``text`` has a letter or digit outside its emoji (not only punctuation, symbols, emoji)."""
+    return _LETTER_OR_DIGIT.search(_EMOJI_SEQUENCE.sub("", text)) is not None
+
+
 def clean_for_speech(text: str) -> str:
     """Return ``text`` without emoji and Markdown, whitespace collapsed, stripped.
 
     Runs of whitespace (newlines included) become one space, or nothing where both neighbours are
     CJK characters or CJK punctuation. Punctuation, numbers, ``3*4``, ``a_b``, ``C++`` and bare
-    URLs are kept as written.
+    URLs are kept as written; lone surrogates are dropped.
     """
     if not isinstance(text, str):
         raise TypeError(f"text must be str, not {type(text).__name__}")
+    text = _NOT_TEXT.sub("", text)
     text = _EMOJI_SEQUENCE.sub("", text)
     text = _EMOJI_LEFTOVERS.sub("", text)
     lines = [_clean_line(line) for line in text.splitlines()]
@@ -132,8 +155,11 @@ def _clean_inline(line: str) -> str:
     line = _LINE_BREAK_TAG.sub(" ", line)
     line = _BARE_URL.sub(_protect_url(protect), line)
     line = _DELIMITER_RUN.sub(_drop_emphasis_delimiter, line)
-    # Placeholders never nest, but a URL placeholder may hold an escape placeholder's text.
-    while _PLACEHOLDER.search(line):
+    # A URL may hold an autolink's or an escape's placeholder. A value only holds placeholders made
+    # before it (the input has no delimiters of its own, see _NOT_TEXT), so this loop ends.
+    for _ in range(len(protected)):
+        if not _PLACEHOLDER.search(line):
+            break
         line = _PLACEHOLDER.sub(lambda m: protected[int(m.group(1))], line)
     return line
 

@@ -75,8 +75,8 @@ class Turns:
         t_query = time.monotonic()
         if stt_text is not None:
             await self._send(Stt(text=stt_text))
-        await self._send(TtsStart())
         try:
+            await self._send(TtsStart())  # inside: a cancel while it is being sent still sends the stop
             await self.speak(fixed_sentences(texts), t_query)
         finally:
             await self._send(TtsStop())
@@ -87,7 +87,6 @@ class Turns:
         t_query = time.monotonic()
         cfg = self._services.config
         await self._send(Stt(text=text))
-        await self._send(TtsStart())
         reply = Reply(
             llm=self._services.llm,
             messages=self._conversation.messages_for(text),
@@ -101,6 +100,7 @@ class Turns:
             on_error=self._services.metrics.llm_errors.inc,
         )
         try:
+            await self._send(TtsStart())
             await self.speak(reply.sentences(), t_query)
         finally:
             if reply.text.strip():

@@ -2,6 +2,7 @@
 
     python scripts/bench_gateway.py --devices 100 --backend fake
     python scripts/bench_gateway.py --devices 1,10,50 --backend espeak --turns 2
+    python scripts/bench_gateway.py --burst --devices 20,50 --backend espeak --turns 2
     python scripts/bench_gateway.py --speech --devices 1,10,50 [--asr-model DIR]
 
 Starts the server in its own process (so its CPU time can be read from /proc),
@@ -10,6 +11,13 @@ receiving the paced reply, and prints per concurrency: time from query to
 first audio frame (p50/p95), steady frame interval (mean) and gap p99,
 underruns as a device would see them (its playback queue ran dry mid-turn),
 and server CPU per device (percent of one core).
+
+With --burst the devices connect first and then start every turn at the same
+instant (a barrier before each turn), the worst case for the engine and the
+pacer: the table then matters most for `late10_pct` (share of the inter-arrival
+gaps among each turn's first 10 frames longer than one frame + 5 ms, i.e. 65 ms
+at 60 ms frames), `late_pct` (the same over whole turns, pre-buffer burst
+excluded) and `underruns`.
 
 With --speech each device talks instead (auto mode): it streams an espeak-ng
 utterance as Opus in real time, the server's VAD ends it after
@@ -55,6 +63,9 @@ SPOKEN = [
     "Set a timer for ten minutes.",
 ]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+FRAME_S = 0.06
+LATE_S = FRAME_S + 0.005  # a frame arriving later than this after the one before it is late
+EARLY_FRAMES = 10  # "first frames of a turn" for late10_pct
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -84,9 +95,26 @@ class Stats:
     underruns: int = 0
     turns: int = 0
     failed: int = 0
+    early_gaps: int = 0  # inter-arrival gaps among the first EARLY_FRAMES frames of each turn
+    early_late: int = 0
+    gaps: int = 0  # gaps after the pre-buffer burst, whole turns
+    late: int = 0
+
+    def add_turn(self, turn: Turn) -> None:
+        self.turns += 1
+        if turn.first_audio_latency is not None:
+            self.first_audio.append(turn.first_audio_latency)
+        self.intervals.extend(turn.steady_intervals())
+        self.underruns += device_underruns(turn)
+        early = turn.gaps[: EARLY_FRAMES - 1]
+        self.early_gaps += len(early)
+        self.early_late += sum(g > LATE_S for g in early)
+        steady = turn.steady_intervals()
+        self.gaps += len(steady)
+        self.late += sum(g > LATE_S for g in steady)
 
 
-def device_underruns(turn: Turn, frame_s: float = 0.06) -> int:
+def device_underruns(turn: Turn, frame_s: float = FRAME_S) -> int:
     """Times the device's playback queue ran dry before the turn's last frame."""
     play_end = None
     count = 0
@@ -110,14 +138,24 @@ async def speech_turn(sim: DeviceSimulator, clip: Utterance, timeout: float) -> 
 
 
 async def run_device(
-    url: str, index: int, turns: int, stats: Stats, start_at: float, clips: list[Utterance] | None = None
+    url: str,
+    index: int,
+    turns: int,
+    stats: Stats,
+    start_at: float,
+    clips: list[Utterance] | None = None,
+    barrier: asyncio.Barrier | None = None,
 ) -> None:
     await asyncio.sleep(max(0.0, start_at - time.monotonic()))
     sim = DeviceSimulator(url, decode=False)
+    done = 0  # turns this device went through (a failed device still meets the barrier)
     try:
         await sim.connect()
         await sim.listen_start("auto")
         for k in range(turns):
+            if barrier is not None:
+                await barrier.wait()  # --burst: every device starts turn k at the same instant
+            done += 1
             if clips:
                 turn = await speech_turn(sim, clips[(index + k) % len(clips)], timeout=120)
                 t_stt = turn.time_of(Stt)
@@ -126,28 +164,35 @@ async def run_device(
                 await sim.listen_start("auto")  # as the device does after `tts stop`
             else:
                 turn = await sim.ask(QUERIES[(index + k) % len(QUERIES)], timeout=120)
-            stats.turns += 1
-            if turn.first_audio_latency is not None:
-                stats.first_audio.append(turn.first_audio_latency)
-            stats.intervals.extend(turn.steady_intervals())
-            stats.underruns += device_underruns(turn)
+            stats.add_turn(turn)
     except Exception as exc:  # a failed device is counted, the run goes on
         stats.failed += 1
         print(f"device {index}: {type(exc).__name__}: {exc}", file=sys.stderr)
     finally:
         await sim.close()
+        if barrier is not None:
+            for _ in range(done, turns):
+                await barrier.wait()
 
 
 async def bench(
-    url: str, pid: int, devices: int, turns: int, ramp_s: float, clips: list[Utterance] | None = None
+    url: str,
+    pid: int,
+    devices: int,
+    turns: int,
+    ramp_s: float,
+    clips: list[Utterance] | None = None,
+    *,
+    burst: bool = False,
 ) -> dict[str, float]:
     stats = Stats()
     t0 = time.monotonic()
     cpu0 = cpu_seconds(pid)
     starts = [t0 + ramp_s * i / max(devices, 1) for i in range(devices)]
+    barrier = asyncio.Barrier(devices) if burst else None
     async with asyncio.TaskGroup() as tg:
         for i in range(devices):
-            tg.create_task(run_device(url, i, turns, stats, starts[i], clips))
+            tg.create_task(run_device(url, i, turns, stats, starts[i], clips, barrier))
     wall = time.monotonic() - t0
     cpu = cpu_seconds(pid) - cpu0
     return {
@@ -161,6 +206,8 @@ async def bench(
         "interval_mean_ms": statistics.mean(stats.intervals) * 1000 if stats.intervals else float("nan"),
         "gap_p99_ms": percentile(stats.intervals, 99) * 1000,
         "underruns": stats.underruns,
+        "late10_pct": 100 * stats.early_late / stats.early_gaps if stats.early_gaps else float("nan"),
+        "late_pct": 100 * stats.late / stats.gaps if stats.gaps else float("nan"),
         "cpu_pct_per_device": 100 * cpu / wall / max(devices, 1),
         "server_cpu_pct": 100 * cpu / wall,
     }
@@ -200,7 +247,9 @@ async def wait_ready(url: str, timeout: float = 60.0) -> None:
             await asyncio.sleep(0.2)
 
 
-def print_table(backend: str, rows: list[dict[str, float]], *, speech: bool = False) -> None:
+def print_table(
+    backend: str, rows: list[dict[str, float]], *, speech: bool = False, burst: bool = False
+) -> None:
     cols = [
         ("devices", "{:>7.0f}"),
         ("turns", "{:>6.0f}"),
@@ -211,11 +260,13 @@ def print_table(backend: str, rows: list[dict[str, float]], *, speech: bool = Fa
         ("interval_mean_ms", "{:>16.2f}"),
         ("gap_p99_ms", "{:>10.1f}"),
         ("underruns", "{:>9.0f}"),
+        ("late10_pct", "{:>10.1f}"),
+        ("late_pct", "{:>8.1f}"),
         ("cpu_pct_per_device", "{:>18.2f}"),
     ]
-    print(
-        f"\nbackend: {backend}" + (" (speech: latencies from the end of the user's speech)" if speech else "")
-    )
+    notes = [" (speech: latencies from the end of the user's speech)" if speech else ""]
+    notes.append(" (burst: every turn starts on all devices at once)" if burst else "")
+    print(f"\nbackend: {backend}" + "".join(notes))
     print(" ".join(f"{name:>{len(fmt.format(0))}}" for name, fmt in cols))
     for row in rows:
         print(" ".join(fmt.format(row[name]) for name, fmt in cols))
@@ -250,8 +301,10 @@ async def main_async(args: argparse.Namespace) -> int:
                 await wait_ready(url, timeout=120)
                 rows = []
                 for n in (int(x) for x in args.devices.split(",")):
-                    rows.append(await bench(url, proc.pid, n, args.turns, args.ramp, clips))
-                print_table(backend, rows, speech=clips is not None)
+                    rows.append(
+                        await bench(url, proc.pid, n, args.turns, args.ramp, clips, burst=args.burst)
+                    )
+                print_table(backend, rows, speech=clips is not None, burst=args.burst)
     return 0
 
 
@@ -262,6 +315,9 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=3, help="turns per device")
     parser.add_argument("--ramp", type=float, default=2.0, help="seconds over which devices connect")
     parser.add_argument("--opus-complexity", type=int, default=None, help="override audio.opus_complexity")
+    parser.add_argument(
+        "--burst", action="store_true", help="start every turn on all devices at the same instant"
+    )
     parser.add_argument("--speech", action="store_true", help="spoken turns (VAD + FunASR) instead of typed")
     parser.add_argument("--asr-model", default=None, help="FunASR model for --speech (default: a tiny one)")
     return asyncio.run(main_async(parser.parse_args()))

@@ -20,6 +20,7 @@ import uvicorn
 from gateway.app import create_app
 from gateway.config import load_config
 from gateway.services import Services
+from gateway.ws_protocol import WebSocketProtocol
 from tts_engine import TTSEngine
 from tts_engine.backends.base import Backend
 
@@ -69,7 +70,7 @@ async def running_gateway(
         uvicorn.Config(
             app,
             log_level="warning",
-            ws="websockets-sansio",
+            ws=WebSocketProtocol,  # what `python -m gateway serve` runs
             ws_per_message_deflate=False,
             ws_ping_interval=None,
             ws_ping_timeout=None,

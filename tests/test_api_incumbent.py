@@ -10,6 +10,7 @@ of 24 kHz s16le mono PCM.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 from urllib.parse import urlencode
@@ -171,11 +172,54 @@ async def test_index_stream_provider_gets_24k_pcm_frames_as_they_are_made():
     assert abs(dominant_hz(pcm, RATE) - voice_hz(backend, "jay_klee")) < 3
 
 
-async def test_index_stream_provider_with_a_key_in_the_url_and_an_unknown_character():
+async def test_index_stream_provider_with_a_key_in_the_url():
     async with running_gateway({"api": {"api_keys": ["k"]}}, backend=fake()) as gw:
         ok, frames, _, _ = await index_stream_segment(f"{gw.url}/tts?api_key=k", SEGMENT, "default")
-        unknown, _, _, took = await index_stream_segment(f"{gw.url}/tts?api_key=k", SEGMENT, "xiao_he")
         no_key, _, _, _ = await index_stream_segment(f"{gw.url}/tts", SEGMENT, "default")
     assert ok == 200 and frames
-    assert unknown == 400 and took < 2  # fails fast: the incumbent has no retry here
     assert no_key == 401
+
+
+# ---- the incumbent's own voice names ----------------------------------------------------------------
+
+KOKORO_PARAMS = {"input": "{prompt_text}", "response_format": "mp3", "download_format": "mp3", "voice": "zf_xiaoxiao",
+                 "lang_code": "z", "return_download_link": True, "speed": 1, "stream": False}  # fmt: skip
+
+
+async def test_voice_names_from_the_incumbent_config_are_spoken_in_the_default_voice(caplog):
+    """`index_stream` as shipped (jay_klee) and by code default (xiao_he), `custom` as shipped (zf_xiaoxiao)."""
+    backend = fake(voices=("default", "bob"))
+    with caplog.at_level(logging.WARNING, logger="gateway.api.synthesis"):
+        async with running_gateway(backend=backend) as gw:
+            streamed = [
+                await index_stream_segment(f"{gw.url}/tts", SEGMENT, name) for name in ("jay_klee", "xiao_he")
+            ]
+            again = await index_stream_segment(f"{gw.url}/tts", SEGMENT, "jay_klee")
+            custom = await requests_post_json(f"{gw.url}/v1/audio/speech", fill(KOKORO_PARAMS, SEGMENT), {})
+            ours = await index_stream_segment(f"{gw.url}/tts", SEGMENT, "bob")
+    for status, frames, _, _ in [*streamed, again]:
+        pcm = np.frombuffer(b"".join(frames), dtype="<i2")
+        assert status == 200 and pcm.size >= backend.num_samples_for(SEGMENT)
+        assert abs(dominant_hz(pcm, RATE) - voice_hz(backend, "default")) < 3
+    assert custom.status_code == 200 and custom.headers["content-type"] == "audio/mpeg"
+    samples, rate = decode_audio(custom.content)
+    assert abs(dominant_hz(samples, rate) - voice_hz(backend, "default")) < 3
+    bob = np.frombuffer(b"".join(ours[1]), dtype="<i2")
+    assert abs(dominant_hz(bob, RATE) - voice_hz(backend, "bob")) < 3  # our own names still pick their voice
+    logged = [r.getMessage() for r in caplog.records if "unknown voice" in r.getMessage()]
+    assert len(logged) == 3 and all("default" in m for m in logged)  # once per name
+    assert sum("jay_klee" in m for m in logged) == 1
+
+
+async def test_strict_unknown_voice_refuses_them_fast():
+    async with running_gateway({"api": {"unknown_voice": "strict"}}, backend=fake()) as gw:
+        status, _, _, took = await index_stream_segment(f"{gw.url}/tts", SEGMENT, "jay_klee")
+        custom = await requests_post_json(f"{gw.url}/v1/audio/speech", fill(KOKORO_PARAMS, SEGMENT), {})
+        alias = await requests_post_json(
+            f"{gw.url}/v1/audio/speech", {"model": "tts-1", "input": SEGMENT, "voice": "onyx"}, {}
+        )
+    assert status == 400 and took < 2  # fails fast: the incumbent has no retry here
+    assert custom.status_code == 400 and custom.json()["error"] == {
+        **custom.json()["error"], "code": "unknown_voice", "param": "voice"}  # fmt: skip
+    assert "zf_xiaoxiao" in custom.json()["error"]["message"]
+    assert alias.status_code == 200  # api.voice_aliases still apply

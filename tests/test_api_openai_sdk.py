@@ -54,7 +54,8 @@ async def test_streaming_response_of_pcm_with_a_voice_object_speed_and_instructi
 
 
 async def test_sdk_raises_typed_errors_with_our_messages():
-    async with running_gateway({"api": {"api_keys": ["sk-right"]}}, backend=fake()) as gw:
+    config = {"api": {"api_keys": ["sk-right"], "unknown_voice": "strict"}}
+    async with running_gateway(config, backend=fake()) as gw:
         wrong = sdk(gw, api_key="sk-wrong")
         with pytest.raises(openai.AuthenticationError) as auth:
             await wrong.audio.speech.create(model="tts-1", voice="alloy", input=TEXT)

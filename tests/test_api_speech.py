@@ -84,7 +84,8 @@ async def test_tts_pcm_sample_rate_speed_and_voice():
     ],
 )
 async def test_tts_bad_requests_get_a_clear_400(body, param, code):
-    async with running_gateway({"api": {"max_text_chars": 50}}, backend=fake()) as gw:
+    config = {"api": {"max_text_chars": 50, "unknown_voice": "strict"}}
+    async with running_gateway(config, backend=fake()) as gw:
         async with httpx.AsyncClient() as client:
             reply = await client.post(f"{gw.url}/v1/tts", json={"text": "你好", **body})
         submitted = gw.services.engine.stats["requests_total"]
@@ -279,7 +280,8 @@ async def test_openai_sse_stream_of_deltas_then_done():
 
 
 async def test_openai_errors_use_the_openai_error_shape():
-    async with running_gateway(backend=fake()) as gw, httpx.AsyncClient() as client:
+    strict = {"api": {"unknown_voice": "strict"}}  # unknown voices are refused, not spoken in the default
+    async with running_gateway(strict, backend=fake()) as gw, httpx.AsyncClient() as client:
         no_input = await client.post(f"{gw.url}/v1/audio/speech", json={"model": "tts-1", "voice": "alloy"})
         bad_voice = await client.post(f"{gw.url}/v1/audio/speech", json={"input": "hi", "voice": "zzz"})
         bad_format = await client.post(
@@ -306,7 +308,8 @@ async def test_tts_character_streams_raw_24k_pcm():
     pcm = np.frombuffer(body, dtype="<i2")
     assert pcm.size == backend.num_samples_for(TEXT)  # 24 kHz, as the fake's native rate
     assert abs(dominant_hz(pcm, RATE) - voice_hz(backend, "jay")) < 3
-    assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "character"
+    fallback = np.frombuffer(unknown.content, dtype="<i2")  # api.unknown_voice: fallback (the default)
+    assert unknown.status_code == 200 and abs(dominant_hz(fallback, RATE) - voice_hz(backend, "default")) < 3
 
 
 async def test_openapi_documents_every_endpoint():

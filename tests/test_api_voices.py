@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import struct
 import time
 
@@ -13,15 +14,20 @@ import yaml
 from audio_codecs.formats import encode_audio
 from audio_codecs.wav import float_to_int16, read_wav
 from scripts.device_sim import DeviceSimulator
-from tests.api_helpers import CloningFakeBackend, dominant_hz, fake, prompt_wav, voice_hz
+from tests.api_helpers import CloningFakeBackend, dominant_hz, fake, prompt_wav, voice_hz, wait_until
 from tests.gateway_server import running_gateway
-from tts_engine.voices import VoiceError
+from tts_engine.voices import VoiceError, VoiceStore
 
 TEXT = "今天天气很好，我们去公园玩吧"
 
 
 def voices_config(tmp_path, **api) -> dict:
     return {"tts": {"voices_dir": str(tmp_path)}, "api": api}
+
+
+def saved_wav(folder, name: str) -> str:
+    """The recording file a saved voice's YAML names."""
+    return yaml.safe_load((folder / f"{name}.yaml").read_text(encoding="utf-8"))["prompt_wav"]
 
 
 def upload(name: str = "alice", wav: bytes | None = None, **fields) -> dict:
@@ -57,8 +63,8 @@ async def test_added_voice_is_saved_prepared_and_usable_at_once(tmp_path):
     assert added.json() == {**added.json(), "name": "alice", "source": "preset", "loaded": True,
                             "description": "test voice", "prompt_text": "希望你以后能够做的比我还好呦。"}  # fmt: skip
     preset = yaml.safe_load((tmp_path / "alice.yaml").read_text(encoding="utf-8"))
-    assert preset["name"] == "alice" and preset["prompt_wav"] == "alice.wav"
-    assert (tmp_path / "alice.wav").read_bytes() == prompt_wav()
+    assert preset["name"] == "alice" and preset["prompt_wav"].startswith("alice.")
+    assert (tmp_path / preset["prompt_wav"]).read_bytes() == prompt_wav()
     assert [p.name for p in backend.added] == ["alice"]  # features prepared once, by the engine
     assert "alice" in [v["name"] for v in listed["data"]]
     samples, rate = read_wav(speech.content)
@@ -143,13 +149,14 @@ async def test_compressed_uploads_are_stored_as_wav(tmp_path):
         async with httpx.AsyncClient() as client:
             reply = await client.post(f"{gw.url}/v1/voices", **upload(wav=mp3))
     assert reply.status_code == 201
-    samples, rate = read_wav((tmp_path / "alice.wav").read_bytes())
+    samples, rate = read_wav((tmp_path / saved_wav(tmp_path, "alice")).read_bytes())
     assert rate == 24000 and abs(samples.size / rate - 2.0) < 0.1
 
 
 async def test_delete_removes_the_voice_and_its_files(tmp_path):
     backend = CloningFakeBackend()
-    async with running_gateway(voices_config(tmp_path), backend=backend) as gw, httpx.AsyncClient() as client:
+    config = voices_config(tmp_path, unknown_voice="strict")  # a removed voice is refused, not replaced
+    async with running_gateway(config, backend=backend) as gw, httpx.AsyncClient() as client:
         await client.post(f"{gw.url}/v1/voices", **upload())
         deleted = await client.delete(f"{gw.url}/v1/voices/alice")
         listed = (await client.get(f"{gw.url}/v1/voices")).json()
@@ -157,7 +164,7 @@ async def test_delete_removes_the_voice_and_its_files(tmp_path):
         again = await client.delete(f"{gw.url}/v1/voices/alice")
         builtin = await client.delete(f"{gw.url}/v1/voices/default")
     assert deleted.status_code == 204 and deleted.content == b""
-    assert not (tmp_path / "alice.yaml").exists() and not (tmp_path / "alice.wav").exists()
+    assert not list(tmp_path.iterdir())  # the YAML and the recording
     assert "alice" not in [v["name"] for v in listed["data"]] and "alice" not in backend.voices()
     assert speech.status_code == 400 and speech.json()["error"]["code"] == "unknown_voice"
     assert again.status_code == 404 and builtin.status_code == 409
@@ -219,3 +226,112 @@ async def test_zero_shot_bad_requests(tmp_path):
     assert no_transcript.status_code == 400 and no_transcript.json()["error"]["param"] == "prompt_text"
     assert mp3.status_code == 400 and mp3.json()["error"]["param"] == "format"
     assert short.status_code == 400 and "1..30 s" in short.json()["error"]["message"]
+
+
+# ---- malformed audio: always 400, never 500; a bad preset never stops the server ----------------
+
+
+def wav_with_fmt(tag: int = 1, channels: int = 1, rate: int = 16000, bits: int = 16, align: int | None = None,
+                 data: bytes = bytes(64000)) -> bytes:  # fmt: skip
+    align = channels * bits // 8 if align is None else align
+    fmt = struct.pack("<HHIIHH", tag, channels, rate, (rate * align) & 0xFFFFFFFF, align, bits)
+    body = b"WAVEfmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+BAD_AUDIO = {
+    "bits 0, block_align 0": wav_with_fmt(bits=0, align=0),
+    "channels 0": wav_with_fmt(channels=0),
+    "sample rate 0": wav_with_fmt(rate=0),
+    "sample rate 2^32-1": wav_with_fmt(rate=0xFFFFFFFF),
+    "format tag 0x55": wav_with_fmt(tag=0x55),
+    "data size past the end": wav_with_fmt()[:-63000],  # 0.03 s left: too short
+    "no samples": wav_with_fmt(data=b""),
+    "cut in the header": wav_with_fmt()[:30],
+    "not audio": b"\x89PNG\r\n\x1a\n" + bytes(200),
+    "RIFF but not WAVE": b"RIFF\x10\x00\x00\x00AVI LIST" + bytes(8),
+    "ten minutes of FLAC silence": encode_audio(np.zeros(16000 * 600, dtype=np.int16), 16000, "flac"),
+}
+
+
+@pytest.mark.parametrize("bad", BAD_AUDIO.values(), ids=BAD_AUDIO.keys())
+async def test_malformed_prompt_audio_is_a_400_on_both_cloning_endpoints(tmp_path, bad):
+    backend = CloningFakeBackend()
+    async with running_gateway(voices_config(tmp_path), backend=backend) as gw, httpx.AsyncClient() as client:
+        added = await client.post(f"{gw.url}/v1/voices", **upload(wav=bad))
+        once = await client.post(f"{gw.url}/tts/zero_shot", data={"text": TEXT, "prompt_text": "你好"},
+                                 files={"prompt_wav": ("p.wav", bad, "audio/wav")})  # fmt: skip
+        healthy = await client.post(f"{gw.url}/v1/tts", json={"text": TEXT})
+    for reply in (added, once):
+        assert reply.status_code == 400, reply.text
+        assert reply.json()["error"]["message"]
+    assert healthy.status_code == 200
+    assert backend.added == [] and not list(tmp_path.iterdir())
+
+
+async def test_bad_presets_are_skipped_and_the_server_starts(tmp_path, caplog):
+    (tmp_path / "good.wav").write_bytes(prompt_wav())
+    (tmp_path / "good.yaml").write_text(
+        "name: good\nprompt_wav: good.wav\nprompt_text: 你好\n", encoding="utf-8"
+    )
+    (tmp_path / "bits0.wav").write_bytes(wav_with_fmt(bits=0, align=0))
+    (tmp_path / "bits0.yaml").write_text(
+        "name: bits0\nprompt_wav: bits0.wav\nprompt_text: 你好\n", encoding="utf-8"
+    )
+    (tmp_path / "gone.yaml").write_text(
+        "name: gone\nprompt_wav: gone.wav\nprompt_text: 你好\n", encoding="utf-8"
+    )
+    (tmp_path / "broken.yaml").write_text("name: [unclosed\n", encoding="utf-8")
+    (tmp_path / "deep.yaml").write_text("[" * 5000 + "]" * 5000, encoding="utf-8")
+    (tmp_path / "binary.yaml").write_bytes(b"\xff\xfe\x00garbage")
+    (tmp_path / "huge.yaml").write_text("name: huge\ndescription: " + "x" * 200_000 + "\n", encoding="utf-8")
+    with caplog.at_level(logging.WARNING):
+        async with running_gateway(voices_config(tmp_path), backend=CloningFakeBackend()) as gw:
+            async with httpx.AsyncClient() as client:
+                listed = (await client.get(f"{gw.url}/v1/voices")).json()
+    assert [v["name"] for v in listed["data"] if v["source"] == "preset"] == ["good"]
+    for name in ("bits0", "gone", "broken", "deep", "binary", "huge"):
+        assert f"{name}.yaml" in caplog.text
+
+
+# ---- an add is one unit: answered 201, or nothing changed ----------------------------------------
+
+
+async def test_a_refused_overwrite_keeps_the_old_voice_on_disk_and_in_the_engine(tmp_path):
+    backend = PickyBackend()
+    async with running_gateway(voices_config(tmp_path), backend=backend) as gw, httpx.AsyncClient() as client:
+        first = await client.post(f"{gw.url}/v1/voices", **upload(prompt_text="旧的"))
+        files = sorted(p.name for p in tmp_path.iterdir())
+        refused = await client.post(
+            f"{gw.url}/v1/voices", **upload(wav=prompt_wav(3.0), prompt_text="坏", overwrite="true")
+        )
+        speech = await client.post(f"{gw.url}/v1/tts", json={"text": TEXT, "voice": "alice"})
+        listed = (await client.get(f"{gw.url}/v1/voices")).json()
+    assert first.status_code == 201 and refused.status_code == 400
+    assert sorted(p.name for p in tmp_path.iterdir()) == files  # the refused recording is gone
+    alice = next(v for v in listed["data"] if v["name"] == "alice")
+    assert alice["prompt_text"] == "旧的" and alice["loaded"] and speech.status_code == 200
+    assert VoiceStore(tmp_path).load(strict=True)[0].prompt_text == "旧的"  # and after a restart
+
+
+class SlowPreparingBackend(CloningFakeBackend):
+    def add_voice(self, preset):
+        time.sleep(0.8)  # preparing features takes a while (in the engine thread)
+        super().add_voice(preset)
+
+
+async def test_an_add_whose_client_goes_away_leaves_nothing_behind(tmp_path):
+    backend = SlowPreparingBackend()
+    async with running_gateway(voices_config(tmp_path), backend=backend) as gw:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(5.0, read=0.3)) as client:
+            with pytest.raises(httpx.ReadTimeout):  # the client gives up while the voice is prepared
+                await client.post(f"{gw.url}/v1/voices", **upload())
+        # the preparation ends, then the server rolls back
+        await wait_until(lambda: not list(tmp_path.iterdir()) and "alice" not in backend.voices(), timeout=10)
+        async with httpx.AsyncClient() as client:
+            listed = (await client.get(f"{gw.url}/v1/voices")).json()
+        in_engine, on_disk = backend.voices(), list(tmp_path.iterdir())
+        async with httpx.AsyncClient() as client:
+            again = await client.post(f"{gw.url}/v1/voices", **upload())  # the name is free
+    assert "alice" not in [v["name"] for v in listed["data"]] and "alice" not in in_engine
+    assert on_disk == [] and again.status_code == 201

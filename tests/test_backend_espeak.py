@@ -141,6 +141,7 @@ def test_close_before_reading_kills_the_process(tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
     slow.executable = write_script(tmp_path / "slow-espeak", f"echo $$ > {pid_file}; exec sleep 30")
     stream = slow.open_stream("hello", "en", 1.0)
+    stream.start()  # open_stream() only records the request; the process starts here or in step()
     deadline = time.monotonic() + 5
     while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -126,19 +126,89 @@ def test_concurrent_streams_keep_their_own_schedule(model: Token2Wav) -> None:
     assert fresh.hop_log == [(28, True, False, 0)]
 
 
+def _ready_stream(model: Token2Wav, spec: tuple[SpeakerPrompt, list[int]]) -> Token2WavStream:
+    stream = model.stream(spec[0])
+    stream.add_tokens(spec[1])
+    return stream
+
+
+# Floating-point noise of batch-size-dependent kernels. A GEMM or SDPA over [2, T, D] is blocked
+# differently from one over [1, T, D] (MKL, oneDNN and ATen pick kernels by shape and by CPU: AVX-512,
+# AVX2, an AMD EPYC), so the flow's mel of a row differs by a few float32 ulps between a solo and a batched
+# call even when nothing leaks (measured: 1.0e-6 .. 1.4e-6 at |mel| ~ 5, i.e. 2-3 ulps, under every
+# ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA / MKL_ENABLE_INSTRUCTIONS setting on an AVX-512 Xeon).
+MEL_ULPS = 32
+# The vocoder magnifies that noise: the NSF source rounds the running phase sum to float32 and multiplies
+# it by 2 pi * 480, so one ulp of mel can move a sine by one ulp of the running sum, a step of ~1e-4 in
+# the wave. Measured max |batched - solo| over this test's wave (peak ~0.49): 4.4e-5 (AVX-512), 6.1e-5
+# (ATen AVX2), 1.1e-4 (MKL_ENABLE_INSTRUCTIONS=AVX2), 9.0e-5 (all libraries on AVX2, as on an AMD EPYC),
+# 2.1e-6 (ATEN_CPU_CAPABILITY=default); a row duplicated in a batch of 2 with no padding at all differs
+# from its solo run by the same amount in every setting. The wave tolerance is therefore that measured
+# floor times WAVE_NOISE_FACTOR, but never below WAVE_REL_FLOOR of the peak (-60 dB, 4x the worst
+# setting seen). A leak of padding into a real row changes it by orders of magnitude more (and the
+# garbage-padding tests below check the no-leak property exactly, on identical shapes).
+WAVE_NOISE_FACTOR = 8
+WAVE_REL_FLOOR = 1e-3
+
+
 def test_batched_run_equals_solo_runs(model: Token2Wav) -> None:
     specs = [(prompt(20, seed=6), tokens(70, seed=6)), (prompt(33, seed=7), tokens(45, seed=7))]
-    solo = []
-    for p, v in specs:
-        s = model.stream(p)
-        s.add_tokens(v)
-        solo.append(model.run([s.next_job()]))
-    streams = [model.stream(p) for p, _ in specs]
-    for s, (_, v) in zip(streams, specs, strict=True):
-        s.add_tokens(v)
+    solo_streams = [_ready_stream(model, spec) for spec in specs]
+    solo = [model.run([s.next_job()])[0] for s in solo_streams]
+    # Noise floor: each row run twice in one batch of 2 (same content, no padding) against its solo run.
+    floor = 0.0
+    for spec, want in zip(specs, solo, strict=True):
+        pair = [_ready_stream(model, spec) for _ in range(2)]
+        twice = model.run([s.next_job() for s in pair])
+        floor = max(floor, *((got - want).abs().max().item() for got in twice))
+    streams = [_ready_stream(model, spec) for spec in specs]  # different lengths: rows are padded
     batched = model.run([s.next_job() for s in streams])
-    for got, want in zip(batched, solo, strict=True):
-        torch.testing.assert_close(got, want[0], atol=1e-5, rtol=0)
+    eps = torch.finfo(torch.float32).eps
+    for got, want, stream, alone in zip(batched, solo, streams, solo_streams, strict=True):
+        assert stream.vocoder.mel is not None and alone.vocoder.mel is not None
+        mel_tol = MEL_ULPS * eps * alone.vocoder.mel.abs().max().item()
+        torch.testing.assert_close(stream.vocoder.mel, alone.vocoder.mel, atol=mel_tol, rtol=0)
+        wave_tol = max(WAVE_NOISE_FACTOR * floor, WAVE_REL_FLOOR * want.abs().max().item())
+        torch.testing.assert_close(got, want, atol=wave_tol, rtol=0)
+
+
+def _flow_rows(
+    flow: Flow, specs: list[tuple[SpeakerPrompt, list[int]]], token_fill: int, feat_fill: float
+) -> torch.Tensor:
+    """One streaming flow call over right-padded rows whose padding holds the given garbage."""
+    n, p = [len(v) for _, v in specs], [int(sp.prompt_token.shape[0]) for sp, _ in specs]
+    f = [int(sp.prompt_feat.shape[0]) for sp, _ in specs]
+    token = torch.full((len(specs), max(n)), token_fill, dtype=torch.int64)
+    prompt_token = torch.full((len(specs), max(p)), token_fill, dtype=torch.int64)
+    prompt_feat = torch.full((len(specs), max(f), 80), feat_fill)
+    for b, (sp, v) in enumerate(specs):
+        token[b, : n[b]] = torch.tensor(v)
+        prompt_token[b, : p[b]] = sp.prompt_token
+        prompt_feat[b, : f[b]] = sp.prompt_feat
+    embedding = torch.stack([sp.embedding for sp, _ in specs])
+    return flow.inference(
+        token, n, prompt_token, p, prompt_feat, f, embedding, streaming=True, finalize=False
+    )
+
+
+@pytest.mark.parametrize(("token_fill", "feat_fill"), [(7, 1e6), (10**9, float("nan")), (-3, float("-inf"))])
+def test_flow_padding_garbage_never_reaches_real_rows(flow: Flow, token_fill: int, feat_fill: float) -> None:
+    specs = [(prompt(20, seed=6), tokens(70, seed=6)), (prompt(33, seed=7), tokens(45, seed=7))]
+    clean = _flow_rows(flow, specs, 0, 0.0)
+    dirty = _flow_rows(flow, specs, token_fill, feat_fill)
+    # same shapes, same kernels: a real row must come out bit for bit the same whatever its padding holds
+    assert torch.equal(dirty, clean)
+
+
+@pytest.mark.parametrize("fill", [1e6, float("nan"), float("inf")])
+def test_vocoder_padding_garbage_never_reaches_real_rows(model: Token2Wav, fill: float) -> None:
+    mel = torch.randn(2, 80, 60, generator=torch.Generator().manual_seed(8))
+    dirty = mel.clone()
+    dirty[1, :, 40:] = fill
+    lens, finals = [60, 40], [False, True]
+    clean_out, dirty_out = model.hift(mel, lens, finals), model.hift(dirty, lens, finals)
+    for b, n in enumerate(clean_out.speech_lens):
+        assert torch.equal(dirty_out.speech[b, :n], clean_out.speech[b, :n])
 
 
 def test_offline_mode_runs_nothing_before_finish(model: Token2Wav) -> None:

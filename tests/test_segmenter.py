@@ -1,4 +1,5 @@
 import random
+import time
 
 import pytest
 
@@ -210,6 +211,34 @@ CASES = [
         {"max_chars": 4},
         ["\u1112\u1161\u11ab", "\u1112\u1161\u11ab"],
     ),
+    # runs longer than max_chars: cut at the limit, the same however the text arrives
+    ("dot-run-past-limit", "Hi" + "." * 30 + "Bye.", {"max_chars": 10}, ["Hi........", "..Bye."]),
+    (
+        "backtick-run-past-limit",
+        "Hi " + "`" * 30 + "code` done.",
+        {"max_chars": 10},
+        ["Hi", "code`", "done."],
+    ),
+    (
+        "full-stop-run-past-limit",
+        "好" + "。" * 30 + "吗？",
+        {"max_chars": 10},
+        ["好。。。。。。。。。", "吗？"],
+    ),
+    ("closer-run-past-limit", "Well." + ")" * 30 + " Yes.", {"max_chars": 10}, ["Well.)))))", "))))) Yes."]),
+    (
+        "comma-run-past-limit",
+        "嗯" + "，" * 30 + "好的好的，走吧。",
+        {"max_chars": 10},
+        ["嗯，，，，，，，，，", "，好的好的，走吧。"],
+    ),
+    (
+        "spaces-past-limit-after-abbreviation",
+        "Mr." + " " * 30 + "smith went.",
+        {"max_chars": 10},
+        ["Mr.", "smith", "went."],
+    ),
+    ("spaces-past-limit-after-period", "Go." + " " * 30 + "Now.", {"max_chars": 10}, ["Go.", "Now."]),
 ]
 
 IDS = [case[0] for case in CASES]
@@ -325,3 +354,51 @@ def test_bad_arguments_raise_value_error(kwargs):
 def test_push_rejects_non_text():
     with pytest.raises(TypeError):
         SentenceSegmenter().push(b"bytes")  # type: ignore[arg-type]
+
+
+# ---- linear time -------------------------------------------------------------------------------
+
+# A device's typed text comes back through the echo LLM into the segmenter: 100k characters of each
+# pattern must cost well under a second of CPU however they arrive (it was quadratic: 60,000 "."
+# took ~24 s in 4-character deltas).
+CPU_BUDGET_S = 1.0
+PATHOLOGICAL = {
+    "dots": "." * 100_000,
+    "backticks": "`" * 100_000,
+    "cjk-full-stops": "。" * 100_000,
+    "exclamations": "！" * 100_000,
+    "dots-and-spaces": ". " * 50_000,
+    "ellipses-and-spaces": "... " * 25_000,
+    "no-punctuation": "a" * 100_000,
+    "words-no-punctuation": "word " * 20_000,
+    "commas": "，" * 100_000,
+    "period-then-spaces": "Hi." + " " * 100_000 + "x",
+    "closers": "。" + "）" * 100_000,
+    "open-code-span": "`" + "a. b. " * 16_000,
+    "mixed-runs": "`..。。 ``" * 10_000,
+}
+
+
+@pytest.mark.parametrize("delta_chars", [None, 5], ids=["one-chunk", "5-char-deltas"])
+@pytest.mark.parametrize("name", PATHOLOGICAL)
+def test_pathological_text_is_segmented_in_linear_time(name, delta_chars):
+    text = "You said: " + PATHOLOGICAL[name]
+    step = delta_chars or len(text)
+    segmenter = SentenceSegmenter()
+    segments: list[str] = []
+    start = time.process_time()
+    for index in range(0, len(text), step):
+        segments += segmenter.push(text[index : index + step])
+        assert time.process_time() - start < CPU_BUDGET_S, f"over budget after {index} of {len(text)} chars"
+    segments += segmenter.flush()
+    assert time.process_time() - start < CPU_BUDGET_S
+    assert segments[0] == "You said:"
+    assert all(len(segment) <= 120 for segment in segments)
+    assert len(segmenter.pending_text) == 0
+
+
+def test_pending_text_stays_short_while_a_run_streams_in():
+    segmenter = SentenceSegmenter(max_chars=50)
+    for _ in range(10_000):
+        segmenter.push("...")
+        assert len(segmenter.pending_text) <= 50 + 3

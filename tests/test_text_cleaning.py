@@ -1,6 +1,8 @@
+import threading
+
 import pytest
 
-from gateway.text_cleaning import clean_for_speech, first_emoji
+from gateway.text_cleaning import clean_for_speech, first_emoji, has_speech, lone_surrogate_at
 
 CLEAN_CASES = [
     # emoji
@@ -97,3 +99,76 @@ def test_clean_rejects_non_text():
 )
 def test_first_emoji(text, expected):
     assert first_emoji(text) == expected
+
+
+# ---- text that is not speech --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("\ud800 hi", "hi"),
+        ("好\udfff的", "好的"),
+        ("\ud83d\ude00 two halves of one emoji", "two halves of one emoji"),  # unpaired in a str
+    ],
+)
+def test_clean_drops_lone_surrogates(text, expected):
+    cleaned = clean_for_speech(text)
+    assert cleaned == expected
+    cleaned.encode("utf-8")  # what every TTS backend does with it
+
+
+def clean_within(text: str, seconds: float = 5.0) -> str:
+    """clean_for_speech in a thread, so a hang fails the test instead of stopping the suite."""
+    result: list[object] = []
+
+    def run() -> None:
+        try:
+            result.append(clean_for_speech(text))
+        except Exception as exc:  # reported below
+            result.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), f"clean_for_speech({text!r}) did not return"
+    assert isinstance(result[0], str), f"clean_for_speech({text!r}) raised {result[0]!r}"
+    return result[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("`\ue0000\ue001` code", "0 code"),  # used to loop for ever
+        ("a \ue0005\ue001 b", "a 5 b"),  # used to raise IndexError
+        ("`x` and \ue0000\ue001", "x and 0"),  # used to speak "x" twice
+    ],
+)
+def test_text_that_looks_like_an_internal_placeholder_is_plain_text(text, expected):
+    assert clean_within(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "index"),
+    [("hi", None), ("", None), ("😀 é 你好", None), ("\ud800 hi", 0), ("ab\udc00", 2), ("a\ud83d\ude00", 1)],
+)
+def test_lone_surrogate_at(text, index):
+    assert lone_surrogate_at(text) == index
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("hi", True),
+        ("你好", True),
+        ("42", True),
+        ("…… 。。。 ...", False),
+        ("😊🎉👍🏽", False),
+        ("1️⃣ #️⃣", False),  # keycaps are emoji, not digits
+        ("!?，。 —— ~~ ** `` 😊", False),
+        ("😊 ok", True),
+        ("", False),
+    ],
+)
+def test_has_speech(text, expected):
+    assert has_speech(text) is expected

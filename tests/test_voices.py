@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -67,7 +69,7 @@ def test_a_bad_preset_is_skipped_or_raises_with_strict(
     (folder / "short.wav").write_bytes(tone_wav(0.5))
     (folder / "bad.yaml").write_text(yaml.safe_dump({"name": "bad", **fields}), encoding="utf-8")
     store = VoiceStore(folder)
-    with caplog.at_level(logging.ERROR):
+    with caplog.at_level(logging.WARNING):
         assert [p.name for p in store.load()] == ["alice", "styled"]
     assert "bad.yaml" in caplog.text and message in caplog.text
     with pytest.raises(VoiceError, match=message):
@@ -89,7 +91,8 @@ def test_add_writes_wav_and_yaml_that_load_again(tmp_path: Path) -> None:
     store.load()
     data = tone_wav(3.0, rate=48000, channels=2)
     preset = store.add("new_voice-1", data, " 今天天气很好。 ", instruct="用粤语说", description="d")
-    assert preset.prompt_wav == (tmp_path / "voices" / "new_voice-1.wav").resolve()
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    assert preset.prompt_wav == (tmp_path / "voices" / f"new_voice-1.{digest}.wav").resolve()
     assert preset.prompt_wav.read_bytes() == data
     assert (preset.prompt_text, preset.instruct, preset.description) == ("今天天气很好。", "用粤语说", "d")
     fresh = VoiceStore(tmp_path / "voices")
@@ -188,3 +191,121 @@ def test_missing_recording_falls_back_to_espeak(tmp_path: Path, caplog: pytest.L
     assert audio.seconds > 1.0 and np.abs(audio.samples).max() > 0.05
     assert "espeak-ng" in caplog.text and "default.wav" in caplog.text
     assert VoiceStore(tmp_path).load()[0].prompt_wav == stand_in  # made once, reused
+
+
+# ---- one voice, one atomic unit ------------------------------------------------------------------
+
+
+def add_and_crash(folder: Path, wav: bytes, crash_at: int) -> int:
+    """Overwrite voice "alice" in a forked process killed at its ``crash_at``-th rename, unlink or fsync.
+
+    Returns the child's exit code: 17 when it was killed, 0 when the add ran to its end first.
+    """
+    pid = os.fork()
+    if pid == 0:  # the child: no cleanup runs when it "dies", as after a power cut or SIGKILL
+        calls = 0
+
+        def crashing(real):
+            def call(*args, **kwargs):
+                nonlocal calls
+                calls += 1
+                if calls == crash_at:
+                    os._exit(17)
+                return real(*args, **kwargs)
+
+            return call
+
+        try:
+            store = VoiceStore(folder)
+            store.load(strict=True)
+            os.replace, os.unlink, os.fsync = crashing(os.replace), crashing(os.unlink), crashing(os.fsync)
+            store.add("alice", wav, "新的。", overwrite=True)
+        finally:
+            os._exit(0 if calls < crash_at else 1)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def age_everything(folder: Path, seconds: float = 3600) -> None:
+    """Make every file look as old as leftovers of a crash long ago."""
+    for path in folder.rglob("*"):
+        stamp = path.stat().st_mtime - seconds
+        os.utime(path, (stamp, stamp))
+
+
+def test_a_crash_at_any_step_of_an_overwrite_leaves_the_old_or_the_new_voice(tmp_path: Path) -> None:
+    old_wav, new_wav = tone_wav(freq=220.0), tone_wav(freq=330.0)
+    outcomes = []
+    for crash_at in range(1, 30):
+        folder = tmp_path / f"crash{crash_at}"
+        folder.mkdir()
+        (folder / "alice.wav").write_bytes(old_wav)  # the layout earlier versions wrote
+        write_preset(folder, "alice", prompt_wav="alice.wav", prompt_text="旧的。")
+        exit_code = add_and_crash(folder, new_wav, crash_at)
+        assert exit_code in (0, 17)
+        age_everything(folder)
+        alice = VoiceStore(folder).load(strict=True)[0]  # the restart
+        assert alice.prompt_wav is not None
+        version = (alice.prompt_text, alice.prompt_wav.read_bytes())
+        assert version in [("旧的。", old_wav), ("新的。", new_wav)], f"crash at step {crash_at}: mixed voice"
+        outcomes.append(version[0])
+        left = sorted(p.name for p in folder.iterdir())
+        assert left == sorted(["alice.yaml", alice.prompt_wav.name]), f"crash at step {crash_at}: {left}"
+        if exit_code == 0:
+            break
+    assert outcomes[0] == "旧的。" and outcomes[-1] == "新的。" and len(outcomes) > 3
+
+
+def test_a_failed_write_keeps_the_old_voice_and_leaves_no_files(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = VoiceStore(folder)
+    store.load(strict=True)
+    before = sorted(p.name for p in folder.iterdir())
+    real_replace = os.replace
+
+    def full_disk(src: str, dst: str | os.PathLike[str]) -> None:
+        if str(dst).endswith(".yaml"):
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        store.add("alice", tone_wav(freq=330.0), "新的。", overwrite=True)
+    monkeypatch.undo()
+    assert sorted(p.name for p in folder.iterdir()) == before
+    assert store.get("alice").prompt_text == "你好。"
+    reloaded = VoiceStore(folder).load(strict=True)[0]
+    assert reloaded.prompt_text == "你好。" and reloaded.prompt_wav.read_bytes() == tone_wav()
+
+
+def test_a_staged_voice_is_invisible_until_committed_and_discard_leaves_nothing(tmp_path: Path) -> None:
+    store = VoiceStore(tmp_path)
+    store.add("alice", tone_wav(), "旧的。")
+    files = sorted(p.name for p in tmp_path.iterdir())
+    staged = store.stage("alice", tone_wav(freq=330.0), "新的。", overwrite=True)
+    assert store.get("alice").prompt_text == "旧的。"
+    assert VoiceStore(tmp_path).load(strict=True)[0].prompt_text == "旧的。"  # a restart now: the old voice
+    store.discard(staged)
+    assert sorted(p.name for p in tmp_path.iterdir()) == files
+    new = store.stage("bob", tone_wav(), "你好。")
+    store.discard(new)
+    assert sorted(p.name for p in tmp_path.iterdir()) == files  # same recording as alice's: kept for her
+    store.commit(store.stage("alice", tone_wav(freq=330.0), "新的。", overwrite=True))
+    assert len(list(tmp_path.glob("*.wav"))) == 1  # the former recording went with the commit
+    assert VoiceStore(tmp_path).load(strict=True)[0].prompt_text == "新的。"
+
+
+def test_load_removes_stale_leftovers_and_keeps_young_ones_and_user_files(tmp_path: Path) -> None:
+    store = VoiceStore(tmp_path)
+    store.add("alice", tone_wav(), "你好。")
+    (tmp_path / "user.wav").write_bytes(tone_wav())  # not ours: never removed
+    (tmp_path / ".alice.yaml.x1y2.tmp").write_bytes(b"half a yaml")
+    (tmp_path / f"alice.{'ab' * 8}.wav").write_bytes(tone_wav(freq=440.0))  # an upload never committed
+    (tmp_path / ".cache").mkdir()
+    (tmp_path / ".cache" / ".bob.espeak.0123.wav.zz.tmp").write_bytes(b"half a wav")
+    age_everything(tmp_path)
+    (tmp_path / ".bob.wav.young.tmp").write_bytes(b"another process is writing this")
+    kept = {"alice.yaml", store.get("alice").prompt_wav.name, "user.wav", ".bob.wav.young.tmp", ".cache"}
+    assert [p.name for p in VoiceStore(tmp_path).load(strict=True)] == ["alice"]
+    assert {p.name for p in tmp_path.iterdir()} == kept
+    assert not list((tmp_path / ".cache").iterdir())

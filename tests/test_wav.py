@@ -165,3 +165,101 @@ def test_float_to_int16_clips_rounds_and_zeroes_nan() -> None:
     out = float_to_int16(x)
     assert out.dtype == np.int16
     assert out.tolist() == [0, 32767, -32768, 32767, -32768, 16384, 0, -1, 0, 32767]
+
+
+# ---- malformed headers: every one is a WavFormatError, never ZeroDivisionError, struct.error, ... ----
+
+
+def raw_fmt(
+    tag: int = 1, channels: int = 1, rate: int = 16000, bits: int = 16, align: int | None = None
+) -> bytes:
+    """A fmt chunk with every field as given (no consistency): the way a broken writer makes them."""
+    align = channels * bits // 8 if align is None else align
+    return struct.pack("<HHIIHH", tag, channels, rate, (rate * align) & 0xFFFFFFFF, align & 0xFFFF, bits)
+
+
+def declared(data: bytes, size: int) -> bytes:
+    """A valid 16-bit WAV whose data chunk declares ``size`` bytes but holds ``data``."""
+    body = b"WAVE" + b"fmt " + struct.pack("<I", 16) + raw_fmt() + b"data" + struct.pack("<I", size) + data
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+MALFORMED = {
+    "bits 0, block_align 0": riff(raw_fmt(bits=0, align=0), b"\x00" * 64),
+    "bits 0, stereo": riff(raw_fmt(channels=2, bits=0, align=0), b"\x00" * 64),
+    "extensible, bits 0": riff(
+        raw_fmt(tag=0xFFFE, bits=0, align=0)
+        + struct.pack("<HHI", 22, 0, 0)
+        + b"\x01\x00"
+        + KSDATAFORMAT_SUBTYPE_TAIL,
+        b"\x00" * 64,
+    ),
+    "bits 4": riff(raw_fmt(bits=4, align=0), b"\x00" * 64),
+    "block_align 0 with 16 bits": riff(raw_fmt(align=0), b"\x00" * 64),
+    "block_align disagrees": riff(raw_fmt(align=3), b"\x00" * 64),
+    "channels 0": riff(raw_fmt(channels=0), b"\x00" * 64),
+    "sample rate 0": riff(raw_fmt(rate=0), b"\x00" * 64),
+    "sample rate 2^32-1": riff(raw_fmt(rate=0xFFFFFFFF), b"\x00" * 64),
+    "sample rate 10 MHz": riff(raw_fmt(rate=10_000_000), b"\x00" * 64),
+    "format tag 0": riff(raw_fmt(tag=0), b"\x00" * 64),
+    "format tag 0x55 (mp3)": riff(raw_fmt(tag=0x55), b"\x00" * 64),
+    "format tag 0xFFFF": riff(raw_fmt(tag=0xFFFF), b"\x00" * 64),
+    "bits 65528": riff(raw_fmt(bits=65528, align=8191), b"\x00" * 64),
+    "empty": b"",
+    "RIFF only": b"RIFF",
+    "not WAV": b"ID3\x04\x00" + bytes(100),
+    "RIFX (big-endian)": b"RIFX" + riff(raw_fmt(), b"\x00" * 64)[4:],
+    "fmt chunk 2^32-1 bytes": b"RIFF\xff\xff\xff\xffWAVEfmt \xff\xff\xff\xff" + raw_fmt(),
+    "cut in the header": riff(raw_fmt(), b"\x00" * 64)[:30],
+    "no data chunk": b"RIFF\x1c\x00\x00\x00WAVEfmt \x10\x00\x00\x00" + raw_fmt(),
+}
+
+
+@pytest.mark.parametrize("data", MALFORMED.values(), ids=MALFORMED.keys())
+def test_malformed_headers_raise_wav_format_error(data: bytes) -> None:
+    with pytest.raises(WavFormatError):
+        read_wav(data)
+
+
+def test_declared_sizes_past_the_end_read_the_bytes_present() -> None:
+    pcm = np.arange(-50, 50, dtype="<i2")
+    for size in (len(pcm.tobytes()) + 2, 0x7FFFFFFF, 0xFFFFFFFF):  # truncated file, huge size, streamed WAV
+        samples, rate = read_wav(declared(pcm.tobytes(), size))
+        assert rate == 16000 and np.array_equal(samples, pcm / np.float32(32768))
+    samples, _ = read_wav(declared(pcm.tobytes() + b"\x01", 0xFFFFFFFF))  # a partial last sample is dropped
+    assert samples.size == pcm.size
+
+
+def test_random_corruptions_decode_or_raise_wav_format_error() -> None:
+    """Property: whatever bytes of a header are changed, the result is audio or our typed error."""
+    rng = np.random.default_rng(12)
+    layouts = [
+        riff(fmt_chunk(1, 1, 16000, 16), np.arange(64, dtype="<i2").tobytes()),
+        riff(fmt_chunk(3, 2, 48000, 32), np.zeros(32, dtype="<f4").tobytes()),
+        riff(extensible_fmt(1, 2, 44100, 24), bytes(96)),
+    ]
+    for _ in range(3000):
+        data = bytearray(layouts[rng.integers(len(layouts))])
+        header = min(len(data), 72)
+        for pos in rng.integers(0, header, size=rng.integers(1, 5)):
+            data[pos] = rng.choice([0, 0xFF, int(rng.integers(256))])
+        if rng.random() < 0.2:
+            data = data[: rng.integers(len(data) + 1)]
+        try:
+            samples, rate = read_wav(bytes(data))
+        except WavFormatError:
+            continue
+        assert samples.dtype == np.float32 and samples.ndim == 1 and 1 <= rate <= 768_000
+
+
+def test_decode_audio_refuses_garbage_with_codec_errors_and_stops_long_files() -> None:
+    from audio_codecs.errors import AudioCodecError
+    from audio_codecs.formats import decode_audio, encode_audio
+
+    for data in [*MALFORMED.values(), b"\x00\x01\x02" * 100, b"fLaC" + bytes(50)]:
+        with pytest.raises(AudioCodecError):
+            decode_audio(data)
+    flac = encode_audio(np.zeros(16000 * 60, dtype=np.int16), 16000, "flac")  # a minute of silence: ~10 kB
+    samples, rate = decode_audio(flac, max_seconds=5)
+    assert rate == 16000 and 5 * rate < samples.size < 10 * rate  # stopped soon after the limit
+    assert decode_audio(flac)[0].size == 60 * 16000

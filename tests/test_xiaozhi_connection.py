@@ -573,3 +573,14 @@ def test_fuzz_binary(role, version):
             data = data[: rng.randrange(len(data) + 1)] + rng.randbytes(rng.randrange(3))
         event = _assert_event_or_remote_error(receiver.receive_binary, data)
         assert event is None or type(event) is audio_class
+
+
+def test_lone_surrogates_from_the_device_become_replacement_characters():
+    # JSON may escape a lone surrogate; such a str cannot be encoded as UTF-8 again (stt echo, LLM).
+    conn = XiaozhiConnection(Role.SERVER)
+    event = conn.receive_text('{"type":"listen","state":"detect","text":"\\ud800 hi \\ud83d\\ude00 \\udfff"}')
+    assert isinstance(event, Listen) and event.text == "\ufffd hi \U0001f600 \ufffd"
+    event.text.encode("utf-8")
+    mcp = conn.receive_text('{"type":"mcp","payload":{"a\\udc00":[{"b":["\\ud800"]}],"c":"\\\\ud800"}}')
+    assert isinstance(mcp, McpMessage)
+    assert mcp.payload == {"a\ufffd": [{"b": ["\ufffd"]}], "c": "\\ud800"}

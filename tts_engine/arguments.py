@@ -14,12 +14,24 @@ def check_instruct(instruct: str | None) -> str | None:
         raise ValueError(f"instruct must be a string or None, got {type(instruct).__name__}")
     if len(instruct) > MAX_INSTRUCT_CHARS:
         raise ValueError(f"instruct is longer than {MAX_INSTRUCT_CHARS} characters")
+    check_encodable(instruct, "instruct")
     return instruct.strip() or None
+
+
+def check_encodable(value: str, name: str) -> None:
+    """Raise ValueError when ``value`` holds a lone UTF-16 surrogate (tokenizers and espeak-ng need UTF-8)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{name} is not valid Unicode: lone surrogate U+{ord(value[exc.start]):04X} at position {exc.start}"
+        ) from None
 
 
 def check_arguments(text: str, sample_rate: int, speed: float) -> None:
     if not isinstance(text, str):
         raise TypeError(f"text must be str, got {type(text).__name__}")
+    check_encodable(text, "text")
     if isinstance(sample_rate, bool) or sample_rate not in SUPPORTED_SAMPLE_RATES:
         raise ValueError(f"sample_rate must be one of {SUPPORTED_SAMPLE_RATES}, got {sample_rate!r}")
     if isinstance(speed, bool) or not isinstance(speed, int | float) or not MIN_SPEED <= speed <= MAX_SPEED:

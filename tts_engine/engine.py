@@ -33,7 +33,16 @@ from typing import Any
 
 from tts_engine.arguments import MAX_SPEED, MIN_SPEED, SUPPORTED_SAMPLE_RATES, check_arguments, check_instruct
 from tts_engine.backends.base import Backend
-from tts_engine.engine_thread import _RESUME, _SHUTDOWN, EngineThread, _Abort, _Call, _Command, _NewRequest
+from tts_engine.engine_thread import (
+    _RESUME,
+    _SHUTDOWN,
+    EngineThread,
+    Inbox,
+    _Abort,
+    _Call,
+    _Command,
+    _NewRequest,
+)
 from tts_engine.errors import EngineClosed, EngineError, EngineOverloaded, UnknownVoice
 from tts_engine.request import ChunkCredit, EngineRequest, SynthesisStream
 from tts_engine.scheduler import Scheduler
@@ -64,7 +73,7 @@ class TTSEngine(EngineThread):
         self.max_buffered_chunks = max_buffered_chunks
         self._voices = list(backend.voices())
         self._default_voice = backend.default_voice
-        self._inbox: queue.Queue[_Command] = queue.Queue()
+        self._inbox: queue.Queue[_Command] = Inbox(backend)
         # Event-loop side.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

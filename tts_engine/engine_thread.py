@@ -59,6 +59,19 @@ _SHUTDOWN = _Shutdown()
 _Command = _NewRequest | _Abort | _Call | _Resume | _Shutdown
 
 
+class Inbox(queue.Queue):
+    """The engine thread's command queue; every put also wakes a backend blocked in its own wait
+    (``Backend.wake``), so a new request or an abort is seen at once, not when that wait ends."""
+
+    def __init__(self, backend: Backend) -> None:
+        super().__init__()
+        self._backend = backend
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        super().put(item, block, timeout)
+        self._backend.wake()
+
+
 class _LoopGone(Exception):
     """The event loop the engine was started on is closed; nobody can receive output any more."""
 

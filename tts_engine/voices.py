@@ -9,10 +9,18 @@ A preset ``voices/<name>.yaml`` holds::
     description: ""          # optional
     fallback: espeak         # optional: prompt_wav missing -> speak prompt_text with espeak-ng instead
 
-``VoiceStore`` validates every preset at ``load()``, adds uploaded voices atomically (``<name>.wav`` and
-``<name>.yaml`` written through temporary files) and names the cache file a backend keeps prepared
-features in: ``.cache/<name>.<hash>.safetensors``, the hash covering the wav bytes and the transcript,
-so an edited preset never reuses stale features.
+``VoiceStore`` validates every preset at ``load()`` (a bad one is skipped with a warning), adds uploaded
+voices as one atomic unit and names the cache file a backend keeps prepared features in:
+``.cache/<name>.<hash>.safetensors``, the hash covering the wav bytes and the transcript, so an edited
+preset never reuses stale features.
+
+An upload is written in two steps. ``stage()`` writes the recording as ``<name>.<sha256[:16]>.wav`` (a
+new file: the recording of the current version is not touched); ``commit()`` then replaces
+``<name>.yaml``, which names that exact file, with one ``os.replace``: the YAML is the commit record.
+A crash before the commit leaves the old version whole (plus an unreferenced wav), a crash after it
+the new one; ``discard()`` drops a staged upload that was refused. ``load()`` removes what a crash
+leaves behind: temporary files and unreferenced ``<name>.<hash>.wav`` recordings older than
+``STALE_AFTER_S`` (younger ones may belong to an upload in progress in another process).
 
 The store does file I/O only; it is used on the event loop at start-up and from upload handlers, and
 by backends (``cache_path``) in the engine thread. Nothing here knows about models.
@@ -27,6 +35,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,11 +47,13 @@ from audio_codecs.wav import WavFormatError, read_wav
 from tts_engine.errors import EngineError, UnknownVoice
 
 __all__ = [
+    "MAX_PRESET_BYTES",
     "MAX_PROMPT_BYTES",
     "MAX_PROMPT_SECONDS",
     "MIN_PROMPT_SAMPLE_RATE",
     "MIN_PROMPT_SECONDS",
     "PromptAudio",
+    "StagedVoice",
     "VoiceError",
     "VoiceExists",
     "VoicePreset",
@@ -60,7 +71,11 @@ MAX_PROMPT_SECONDS = 30.0
 MIN_PROMPT_SAMPLE_RATE = 16000
 MAX_PROMPT_BYTES = 16 * 1024 * 1024  # 30 s of 48 kHz stereo float32 is 11.5 MB
 MAX_TEXT_CHARS = 1000
+MAX_PRESET_BYTES = 64 * 1024  # a preset YAML is a few lines
 CACHE_DIR = ".cache"
+STALE_AFTER_S = 600.0  # leftovers of an interrupted write older than this are removed by load()
+_OWN_WAV_RE = re.compile(r"(?P<name>[A-Za-z0-9_-]{1,64})\.[0-9a-f]{16}\.wav")  # written by stage()
+_TEMP_RE = re.compile(r"\..+\.tmp")  # written by _atomic_write()
 _KEYS = {"name", "prompt_wav", "prompt_text", "instruct", "description", "fallback"}
 _FALLBACKS = ("espeak",)
 
@@ -80,6 +95,14 @@ class VoicePreset:
     prompt_text: str
     instruct: str | None = None
     description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StagedVoice:
+    """An upload whose recording is on disk but that is not a voice yet: ``commit()`` or ``discard()`` it."""
+
+    preset: VoicePreset
+    wrote_wav: bool  # False: an identical recording was already there (discard leaves it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +157,7 @@ def _optional_text(data: dict[str, Any], key: str, source: Path, *, default: str
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
+    """``path`` holds ``data`` or what it held before, never a part: a synced temporary file renamed over it."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -144,6 +168,28 @@ def _atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _sync_dir(path.parent)
+
+
+def _sync_dir(directory: Path) -> None:
+    """Make a rename or unlink in ``directory`` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _is_stale(path: Path, now: float) -> bool:
+    try:
+        return now - path.stat().st_mtime > STALE_AFTER_S
+    except OSError:
+        return False
 
 
 class VoiceStore:
@@ -158,22 +204,71 @@ class VoiceStore:
     # -- reading -------------------------------------------------------------------------------
 
     def load(self, *, strict: bool = False) -> list[VoicePreset]:
-        """(Re)read every ``*.yaml``; a bad one is logged and skipped, or raises VoiceError with ``strict``."""
+        """(Re)read every ``*.yaml``; a bad one is logged and skipped, or raises VoiceError with ``strict``.
+
+        Leftovers of interrupted writes (see the module docstring) are removed first.
+        """
         presets: dict[str, VoicePreset] = {}
         if self.directory.is_dir():
+            self._remove_leftovers()
             for path in sorted(self.directory.glob("*.yaml")):
                 try:
                     preset = self._read_preset(path)
-                except VoiceError as exc:
+                except Exception as exc:  # any bad file: skipped, the server starts without it
+                    error = exc if isinstance(exc, VoiceError) else VoiceError(f"{path}: {exc!r}")
                     if strict:
-                        raise
-                    log.error("skipping voice preset: %s", exc)
+                        raise error from exc
+                    log.warning("skipping voice preset: %s", error)
                     continue
                 presets[preset.name] = preset
         elif strict:
             raise VoiceError(f"{self.directory}: voice folder not found")
         self._presets = presets
         return self.list()
+
+    def _remove_leftovers(self) -> None:
+        """Delete stale temporary files and stale recordings of uploads that were never committed."""
+        now = time.time()
+        folders = [self.directory] + ([self.cache_dir] if self.cache_dir.is_dir() else [])
+        for folder in folders:
+            for path in folder.iterdir():
+                if _TEMP_RE.fullmatch(path.name) and path.is_file() and _is_stale(path, now):
+                    self._remove_leftover(path, "temporary file of an interrupted write")
+        referenced = self._referenced_files()
+        if referenced is None:
+            return
+        named = set(referenced.values())
+        for path in self.directory.glob("*.wav"):
+            if path.name in named or not _is_stale(path, now):
+                continue
+            # An upload never committed, or the recording of a version replaced just before a crash
+            # (``<name>.wav``, as earlier versions wrote it, while ``<name>.yaml`` names a newer one).
+            match = _OWN_WAV_RE.fullmatch(path.name)
+            newer = referenced.get(path.stem, "")
+            replaced = (m := _OWN_WAV_RE.fullmatch(newer)) is not None and m["name"] == path.stem
+            if match is not None or replaced:
+                self._remove_leftover(path, "recording that no voice uses (an interrupted upload)")
+
+    def _referenced_files(self) -> dict[str, str] | None:
+        """Preset name -> the file name its ``prompt_wav`` names (None: a YAML is unreadable, keep all)."""
+        names: dict[str, str] = {}
+        for path in self.directory.glob("*.yaml"):
+            try:
+                data = yaml.safe_load(self._read_text(path))
+            except Exception:
+                return None
+            if isinstance(data, dict) and isinstance(data.get("prompt_wav"), str):
+                names[path.stem] = Path(data["prompt_wav"]).name
+        return names
+
+    @staticmethod
+    def _remove_leftover(path: Path, what: str) -> None:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("cannot remove %s %s: %s", what, path, exc)
+            return
+        log.warning("removed %s: %s", what, path)
 
     def list(self) -> list[VoicePreset]:
         return [self._presets[name] for name in sorted(self._presets)]
@@ -192,8 +287,8 @@ class VoiceStore:
 
     def _read_preset(self, path: Path) -> VoicePreset:
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            data = yaml.safe_load(self._read_text(path))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError) as exc:
             raise VoiceError(f"{path}: unreadable YAML: {exc}") from exc
         if not isinstance(data, dict):
             raise VoiceError(f"{path}: expected a mapping of preset fields")
@@ -224,10 +319,22 @@ class VoiceStore:
                     raise VoiceError(f"{path}: field 'prompt_wav': {wav} not found")
                 wav = self._espeak_prompt(name, prompt_text, path, wav)
             try:
+                if wav.stat().st_size > MAX_PROMPT_BYTES:
+                    raise VoiceError(
+                        f"{path}: field 'prompt_wav': {wav} is larger than {MAX_PROMPT_BYTES} bytes"
+                    )
                 decode_prompt_wav(wav.read_bytes(), source=f"{path}: field 'prompt_wav' ({wav})")
             except OSError as exc:
                 raise VoiceError(f"{path}: field 'prompt_wav': cannot read {wav}: {exc}") from exc
         return VoicePreset(name, wav, prompt_text, instruct, description)
+
+    @staticmethod
+    def _read_text(path: Path) -> str:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_PRESET_BYTES + 1)
+        if len(data) > MAX_PRESET_BYTES:
+            raise VoiceError(f"{path}: larger than {MAX_PRESET_BYTES} bytes; not a voice preset")
+        return data.decode("utf-8")
 
     def _espeak_prompt(self, name: str, prompt_text: str, source: Path, missing: Path) -> Path:
         """Speak ``prompt_text`` with espeak-ng into the cache folder: a robotic stand-in recording."""
@@ -275,7 +382,30 @@ class VoiceStore:
         description: str = "",
         overwrite: bool = False,
     ) -> VoicePreset:
-        """Check an uploaded recording and save it as ``<name>.wav`` + ``<name>.yaml``."""
+        """Check an uploaded recording and save it as a voice: ``stage()`` then ``commit()``."""
+        staged = self.stage(
+            name, wav_bytes, prompt_text, instruct=instruct, description=description, overwrite=overwrite
+        )
+        try:
+            return self.commit(staged)
+        except BaseException:
+            self.discard(staged)
+            raise
+
+    def stage(
+        self,
+        name: str,
+        wav_bytes: bytes,
+        prompt_text: str,
+        *,
+        instruct: str | None = None,
+        description: str = "",
+        overwrite: bool = False,
+    ) -> StagedVoice:
+        """Check an upload and write its recording as ``<name>.<hash>.wav``; the voice set is unchanged.
+
+        The returned preset can be prepared by an engine before ``commit()`` makes it the voice.
+        """
         check_voice_name(name)
         for key, value in (
             ("prompt_text", prompt_text),
@@ -291,35 +421,72 @@ class VoiceStore:
         yaml_path = self.directory / f"{name}.yaml"
         if yaml_path.exists() and not overwrite:
             raise VoiceExists(f"voice {name!r} already exists ({yaml_path})")
-        decode_prompt_wav(wav_bytes, source=f"voice {name!r}: uploaded wav")
+        data = bytes(wav_bytes)
+        decode_prompt_wav(data, source=f"voice {name!r}: uploaded wav")
         self.directory.mkdir(parents=True, exist_ok=True)
-        wav_path = self.directory / f"{name}.wav"
+        wav_path = self.directory / f"{name}.{hashlib.sha256(data).hexdigest()[:16]}.wav"
+        wrote = not (wav_path.is_file() and wav_path.read_bytes() == data)
+        if wrote:
+            _atomic_write(wav_path, data)
+        preset = VoicePreset(
+            name, wav_path, prompt_text.strip(), (instruct or "").strip() or None, description.strip()
+        )
+        return StagedVoice(preset, wrote)
+
+    def commit(self, staged: StagedVoice) -> VoicePreset:
+        """Make a staged upload the voice: one atomic replace of ``<name>.yaml``, then the old recording goes."""
+        preset = staged.preset
+        assert preset.prompt_wav is not None
         fields = {
-            "name": name,
-            "prompt_wav": wav_path.name,
-            "prompt_text": prompt_text.strip(),
-            "instruct": (instruct or "").strip() or None,
-            "description": description.strip(),
+            "name": preset.name,
+            "prompt_wav": preset.prompt_wav.name,
+            "prompt_text": preset.prompt_text,
+            "instruct": preset.instruct,
+            "description": preset.description,
         }
-        _atomic_write(wav_path, bytes(wav_bytes))
+        yaml_path = self.directory / f"{preset.name}.yaml"
         _atomic_write(yaml_path, yaml.safe_dump(fields, allow_unicode=True, sort_keys=False).encode("utf-8"))
-        preset = VoicePreset(name, wav_path, fields["prompt_text"], fields["instruct"], fields["description"])
-        self._presets[name] = preset
+        previous = self._presets.get(preset.name)
+        self._presets[preset.name] = preset
+        if previous is not None and previous.prompt_wav != preset.prompt_wav:
+            self._remove_own_wav(previous)
         return preset
 
+    def discard(self, staged: StagedVoice) -> None:
+        """Drop a staged upload that was not committed (its recording, unless a voice uses that file)."""
+        path = staged.preset.prompt_wav
+        if (
+            staged.wrote_wav
+            and path is not None
+            and all(p.prompt_wav != path for p in self._presets.values())
+        ):
+            path.unlink(missing_ok=True)
+
     def remove(self, name: str) -> None:
-        """Delete the preset's YAML, its own wav (``<name>.wav`` in the folder) and its cached features."""
+        """Delete the preset's YAML (the commit point), its own recording and its cached features."""
         preset = self.get(name)
         (self.directory / f"{name}.yaml").unlink(missing_ok=True)
-        own_wav = self.directory / f"{name}.wav"
-        others = [p for n, p in self._presets.items() if n != name]
-        if preset.prompt_wav == own_wav and all(p.prompt_wav != own_wav for p in others):
-            own_wav.unlink(missing_ok=True)
+        _sync_dir(self.directory)
+        del self._presets[name]
+        self._remove_own_wav(preset)
         if self.cache_dir.is_dir():
             for cached in self.cache_dir.glob(f"{name}.*"):
                 if cached.name.split(".", 1)[0] == name:
                     cached.unlink(missing_ok=True)
-        del self._presets[name]
+
+    def _remove_own_wav(self, preset: VoicePreset) -> None:
+        """Delete the recording a former version of a voice used, if the store wrote it and nothing uses it."""
+        wav = preset.prompt_wav
+        if wav is None or wav.parent != self.directory:
+            return
+        own = wav.name == f"{preset.name}.wav" or (
+            (match := _OWN_WAV_RE.fullmatch(wav.name)) is not None and match["name"] == preset.name
+        )
+        if own and all(p.prompt_wav != wav for p in self._presets.values()):
+            try:
+                wav.unlink(missing_ok=True)
+            except OSError as exc:  # the voice change is done; load() removes the file later
+                log.warning("cannot remove the former recording %s: %s", wav, exc)
 
     # -- cache ---------------------------------------------------------------------------------
 

@@ -255,18 +255,21 @@ class Flow(nn.Module):
         index = torch.where(pos < p_b, pos, pos - p_b + p_pad).clamp(max=both.shape[1] - 1)  # [B, Lmax]
         ids = both.gather(1, index)  # [B, Lmax]
         ids = ids.clamp(0, cfg.vocab_size - 1)  # padding may hold any id: it is zeroed right after
-        emb = self.input_embedding(ids) * valid.unsqueeze(-1).to(dtype)  # [B, Lmax, 80]
+        # Padding is dropped with where(), never multiplied by a 0/1 mask: 0 * inf or 0 * nan in a padded
+        # slot would otherwise leak into the row (right-padded rows must not depend on their padding).
+        zero = torch.zeros((), device=device, dtype=dtype)
+        emb = torch.where(valid.unsqueeze(-1), self.input_embedding(ids), zero)  # [B, Lmax, 80]
 
         h = self.pre_lookahead_layer(emb)  # [B, Lmax, 80]
         t_max = max(frames)
         mu = h.repeat_interleave(ratio, dim=1)[:, :t_max]  # [B, T, 80]
         frame_pos = torch.arange(t_max, device=device).unsqueeze(0)  # [1, T]
-        mu = mu * (frame_pos < torch.tensor(frames, device=device).unsqueeze(1)).unsqueeze(-1).to(dtype)
+        mu = torch.where((frame_pos < torch.tensor(frames, device=device).unsqueeze(1)).unsqueeze(-1), mu, zero)
         f_b = torch.tensor(f_len, device=device).unsqueeze(1)  # [B, 1]
         cond = torch.zeros(batch, t_max, cfg.mel_dim, device=device, dtype=dtype)  # [B, T, 80]
         n_prompt = min(prompt_feat.shape[1], t_max)
         cond[:, :n_prompt] = prompt_feat[:, :n_prompt].to(device, dtype)
-        cond = cond * (frame_pos < f_b).unsqueeze(-1).to(dtype)
+        cond = torch.where((frame_pos < f_b).unsqueeze(-1), cond, zero)  # prompt padding never read
 
         spk = self.spk_embed_affine_layer(F.normalize(embedding.to(device, dtype), dim=1))  # [B, 80]
         # Output row mask built before the solve, so no host-to-device copy waits for the Euler loop.
@@ -287,5 +290,5 @@ class Flow(nn.Module):
         # Row b's output is frames F_b .. frames_b - 1: [B, Mmax, 80] by one gather, zero past M_b.
         index = (out_pos + f_b).clamp(max=t_max - 1)  # [B, Mmax]
         mel = feat.gather(1, index.unsqueeze(-1).expand(-1, -1, cfg.mel_dim))  # [B, Mmax, 80]
-        mel = mel * out_valid
+        mel = torch.where(out_valid, mel, torch.zeros((), device=device, dtype=mel.dtype))
         return mel.transpose(1, 2).contiguous()  # [B, 80, Mmax]

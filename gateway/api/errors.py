@@ -113,8 +113,7 @@ def validation_message(errors: Sequence[Any]) -> tuple[str, str | None]:
 class ApiRoute(APIRoute):
     """Answers ``ApiError`` and request validation errors in the API's JSON error shape.
 
-    A body whose declared ``Content-Length`` exceeds ``body_limit()`` is refused with 413 before it is
-    read or parsed (the limits follow ``api.max_text_chars`` and ``api.max_prompt_bytes``).
+    Bodies are capped before they get here, while they stream (``gateway.http_guard``: 413).
     """
 
     def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
@@ -122,7 +121,6 @@ class ApiRoute(APIRoute):
 
         async def handle(request: Request) -> Response:
             try:
-                _check_declared_length(request, self.body_limit(request))
                 return await handler(request)
             except ApiError as exc:
                 return exc.response()
@@ -132,23 +130,7 @@ class ApiRoute(APIRoute):
 
         return handle
 
-    def body_limit(self, request: Request) -> int:
-        """Most bytes a request body may declare: the longest text, every character JSON-escaped."""
-        return request.app.state.services.config.api.max_text_chars * 12 + _BODY_OVERHEAD
-
 
 class UploadRoute(ApiRoute):
-    """A route that takes a prompt recording: its body may be as large as ``api.max_prompt_bytes``."""
-
-    def body_limit(self, request: Request) -> int:
-        return super().body_limit(request) + request.app.state.services.config.api.max_prompt_bytes
-
-
-_BODY_OVERHEAD = 64 * 1024  # other fields, multipart boundaries
-
-
-def _check_declared_length(request: Request, limit: int) -> None:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"request body of {declared} bytes; the limit here is {limit} bytes",
-                       code="body_too_large")  # fmt: skip
+    """A route that takes a prompt recording; ``gateway.http_guard`` gives its path the larger body cap
+    (``api.max_prompt_bytes`` on top of the text cap)."""

@@ -1,7 +1,7 @@
 """``GET /v1/health``: for humans and probes; never needs an API key.
 
-The gateway's summary (``status``, ``sessions``, ``tts``, ``llm``, ``asr``, ``audio``; see
-``Services.health``) plus what TTS clients ask about: the compute ``device``, the ``engine`` and its
+The gateway's summary (``status``, ``sessions``, ``tts``, ``llm``, ``asr``, ``audio``, and ``checks``: the
+start-up model checks, ``[{name, status, detail, fix}]``, gateway/model_check.py; see ``Services.health``) plus what TTS clients ask about: the compute ``device``, the ``engine`` and its
 model, the ``voices`` on offer, and ``memory`` (the configured budget and what is in use).
 """
 

@@ -185,7 +185,7 @@ def _prepare(
     rate = check_sample_rate(services, sample_rate)
     check_audio_format(fmt, rate, param=format_param)
     check_text(services, text, param=text_param)
-    name = resolve_voice(services, voice, param=voice_param)
+    name = resolve_voice(services, voice, param=voice_param, lenient=True)  # api.unknown_voice applies
     stream = open_stream(services, text, voice=name, sample_rate=rate, speed=speed, instruct=instruct)
     return stream, rate
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Any, TypeVar
 
@@ -24,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 from audio_codecs.formats import StreamingEncoder, UnsupportedFormat, check_format
 from gateway.api.errors import ApiError, api_error
 from gateway.services import Services
+from gateway.text_cleaning import has_speech, lone_surrogate_at
 from tts_engine import SUPPORTED_SAMPLE_RATES, SynthesisStream
 from tts_engine.errors import EngineError
 
@@ -42,29 +44,59 @@ def services_of(request: Request) -> Services:
     return request.app.state.services
 
 
-def resolve_voice(services: Services, voice: str | None, *, param: str = "voice") -> str:
-    """A voice the engine offers: the name itself, else an alias (``api.voice_aliases``), else 400."""
+def resolve_voice(
+    services: Services, voice: str | None, *, param: str = "voice", lenient: bool = False
+) -> str:
+    """A voice the engine offers: the name itself, else an alias (``api.voice_aliases``), else 400.
+
+    ``lenient`` endpoints (the HTTP speech endpoints that the incumbent's providers and OpenAI clients
+    call) answer an unknown name with the default voice instead while ``api.unknown_voice`` is
+    ``fallback``, logging each such name once.
+    """
     engine = services.engine
     if voice is None or voice == "":
         return engine.default_voice
     if voice in engine.voices:
         return voice
+    fallback = lenient and services.config.api.unknown_voice == "fallback"
     aliases = services.config.api.voice_aliases
     if voice in aliases:
         target = aliases[voice] or engine.default_voice
         if target in engine.voices:
             return target
-        raise ApiError(400, f"voice {voice!r} is an alias of {target!r}, which is not loaded",
-                       code="unknown_voice", param=param)  # fmt: skip
+        if not fallback:
+            raise ApiError(400, f"voice {voice!r} is an alias of {target!r}, which is not loaded",
+                           code="unknown_voice", param=param)  # fmt: skip
+    if fallback:
+        _report_fallback(voice, engine.default_voice)
+        return engine.default_voice
     raise ApiError(
         400,
-        f"unknown voice {voice!r}; available: {', '.join(engine.voices)} (see GET /v1/voices)",
+        f"unknown voice {voice[:_MAX_VOICE_SHOWN]!r}; available: {', '.join(engine.voices)} (see GET /v1/voices)",
         code="unknown_voice",
         param=param,
     )
 
 
+_MAX_VOICE_SHOWN = 80  # characters of an unknown voice name quoted in a message or the log
+_MAX_REPORTED = 1024  # unknown names remembered so that each is logged once (oldest forgotten first)
+_reported_fallbacks: OrderedDict[str, None] = OrderedDict()
+
+
+def _report_fallback(voice: str, default: str) -> None:
+    if voice in _reported_fallbacks:
+        _reported_fallbacks.move_to_end(voice)
+        return
+    _reported_fallbacks[voice] = None
+    if len(_reported_fallbacks) > _MAX_REPORTED:
+        _reported_fallbacks.popitem(last=False)
+    log.warning("unknown voice %r: speaking in the default voice %r (api.unknown_voice: strict refuses it)",
+                voice[:_MAX_VOICE_SHOWN], default)  # fmt: skip
+
+
 def check_text(services: Services, text: str, *, param: str = "text") -> str:
+    """The text every speech endpoint speaks: not empty, within ``api.max_text_chars``, encodable as
+    UTF-8 (no lone surrogate) and with something to say (a letter or digit outside emoji); else 400."""
     limit = services.config.api.max_text_chars
     if not text.strip():
         raise ApiError(400, f"{param} is empty", code="empty_text", param=param)
@@ -73,6 +105,21 @@ def check_text(services: Services, text: str, *, param: str = "text") -> str:
             400,
             f"{param} has {len(text)} characters; the limit is {limit} (api.max_text_chars)",
             code="text_too_long",
+            param=param,
+        )
+    bad = lone_surrogate_at(text)
+    if bad is not None:
+        raise ApiError(
+            400,
+            f"{param} is not valid Unicode: lone surrogate U+{ord(text[bad]):04X} at position {bad}",
+            code="invalid_text",
+            param=param,
+        )
+    if not has_speech(text):
+        raise ApiError(
+            400,
+            f"{param} has nothing to speak: no letter or digit, only punctuation, symbols or emoji",
+            code="nothing_to_speak",
             param=param,
         )
     return text

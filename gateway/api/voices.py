@@ -2,16 +2,19 @@
 
 - ``GET /v1/voices``: every voice the engine offers (built-in and presets), the default, the aliases.
 - ``POST /v1/voices`` (multipart: ``name``, ``prompt_wav``, ``prompt_text``, optional ``instruct``,
-  ``description``, ``overwrite``): the recording is checked, saved as ``voices/<name>.wav`` +
-  ``voices/<name>.yaml``, its features prepared once by the engine (and cached on disk), and the voice is
-  usable at once by every endpoint and by device sessions, without a restart.
+  ``description``, ``overwrite``): the recording is checked, staged as ``voices/<name>.<hash>.wav``, its
+  features prepared once by the engine (and cached on disk), then committed by writing
+  ``voices/<name>.yaml``; the voice is usable at once by every endpoint and by device sessions, without a
+  restart. An add that is refused or abandoned (the client goes away) is rolled back: the previous
+  version, if any, stays on disk and in the engine (see voices/README.md).
 - ``DELETE /v1/voices/{name}``: the engine stops offering it; its files and cached features go.
 - ``POST /tts/zero_shot`` (multipart: ``text``, ``prompt_text``, ``prompt_wav``, optional ``format``
   pcm|wav, ``sample_rate``, ``speed``, ``instruct``): speak in a voice cloned for this request only,
   streamed like ``/tts`` (raw s16le mono by default).
 
 Uploads may be WAV or anything FFmpeg decodes (converted to WAV before the store sees them); size and
-length limits are ``api.max_prompt_bytes`` and ``api.max_prompt_seconds``.
+length limits are ``api.max_prompt_bytes`` and ``api.max_prompt_seconds``. Malformed audio of any kind is
+a 400 naming ``prompt_wav``.
 """
 
 from __future__ import annotations
@@ -39,11 +42,12 @@ from gateway.api.synthesis import (
     encoded_body,
     first_chunk,
     services_of,
+    until_disconnect,
 )
 from gateway.services import Services
 from tts_engine.engine import MAX_SPEED, MIN_SPEED
 from tts_engine.errors import EngineError
-from tts_engine.voices import VoiceExists, VoicePreset, VoiceStore, check_voice_name
+from tts_engine.voices import StagedVoice, VoiceExists, VoicePreset, VoiceStore, check_voice_name
 
 log = logging.getLogger(__name__)
 
@@ -98,26 +102,23 @@ async def add_voice(
             raise ApiError(409, f"voice {name!r} already exists (send overwrite=true to replace it)",
                            code="voice_exists", param="name")  # fmt: skip
         try:
-            preset = await asyncio.to_thread(
-                store.add, name, wav, prompt_text, instruct=instruct or None, description=description,
+            staged = await asyncio.to_thread(
+                store.stage, name, wav, prompt_text, instruct=instruct or None, description=description,
                 overwrite=overwrite,
             )  # fmt: skip
         except VoiceExists as exc:
             raise ApiError(409, str(exc), code="voice_exists", param="name") from exc
         except EngineError as exc:
             raise api_error(exc) from exc
+        # Prepared and committed, or rolled back, as one unit that cancelling this request cannot split.
+        unit = asyncio.ensure_future(_prepare_and_commit(request, services, staged))
         try:
-            await engine.add_voice(preset)
-        except Exception as exc:
-            # Leave no half voice: not in the store, and not offered in an older version either.
-            log.warning("voice %r could not be prepared; removing it: %s", name, exc)
-            await asyncio.to_thread(store.remove, name)
-            if name in engine.voices:
-                try:
-                    await engine.remove_voice(name)
-                except EngineError:
-                    log.exception("voice %r: removing the older version failed too", name)
-            raise api_error(exc) from exc
+            preset = await asyncio.shield(unit)
+        except ClientGone:
+            return client_gone_response()
+        except asyncio.CancelledError:
+            await asyncio.wait({unit})  # keep the voice lock until the unit is done
+            raise
     log.info("voice %r added (%s)", name, preset.prompt_wav)
     return JSONResponse(_describe(services, name), status_code=201)
 
@@ -185,6 +186,46 @@ async def zero_shot(
 # -- helpers --------------------------------------------------------------------------------------
 
 
+async def _prepare_and_commit(request: Request, services: Services, staged: StagedVoice) -> VoicePreset:
+    """Prepare a staged voice in the engine, then commit it to the store.
+
+    When the engine refuses it, the client goes away or the commit fails, both are rolled back: the
+    staged recording is deleted and the engine offers the previous version again (or no such voice), so
+    an add that was not answered 201 leaves nothing behind, now or after a restart.
+    """
+    engine, store = services.engine, _store(services)
+    name = staged.preset.name
+    previous = store.get(name) if name in store else None
+    preparing = asyncio.ensure_future(engine.add_voice(staged.preset))
+    try:
+        await until_disconnect(request, asyncio.shield(preparing))
+        return await asyncio.to_thread(store.commit, staged)
+    except (Exception, asyncio.CancelledError) as exc:
+        await asyncio.gather(preparing, return_exceptions=True)  # the engine call runs to its end anyway
+        log.warning("voice %r was not added (%s); rolling back", name, type(exc).__name__)
+        await asyncio.to_thread(store.discard, staged)
+        prepared = preparing.done() and not preparing.cancelled() and preparing.exception() is None
+        if prepared:
+            await _restore_engine_voice(services, name, previous)
+        if isinstance(exc, ClientGone | asyncio.CancelledError):
+            raise
+        if not prepared:
+            log.warning("voice %r could not be prepared: %s", name, exc)
+        raise api_error(exc) from exc
+
+
+async def _restore_engine_voice(services: Services, name: str, previous: VoicePreset | None) -> None:
+    """Undo an ``engine.add_voice()``: offer the previous version again, or drop the name."""
+    engine = services.engine
+    try:
+        if previous is not None:
+            await engine.add_voice(previous)
+        elif name in engine.voices:
+            await engine.remove_voice(name)
+    except Exception:
+        log.exception("voice %r: restoring the engine's previous version failed", name)
+
+
 async def read_prompt_upload(services: Services, upload: UploadFile) -> bytes:
     """The upload as WAV bytes, within ``api.max_prompt_bytes`` (413) and ``api.max_prompt_seconds`` (400)."""
     limit = services.config.api.max_prompt_bytes
@@ -193,17 +234,17 @@ async def read_prompt_upload(services: Services, upload: UploadFile) -> bytes:
         raise _too_large(len(data), services)
     if not data:
         raise ApiError(400, "prompt_wav is empty", code="invalid_prompt", param="prompt_wav")
+    max_seconds = services.config.api.max_prompt_seconds
     try:
-        samples, rate = await asyncio.to_thread(decode_audio, data)
+        samples, rate = await asyncio.to_thread(decode_audio, data, max_seconds=max_seconds)
     except (AudioCodecError, ValueError) as exc:
         raise ApiError(400, f"prompt_wav is not readable audio: {exc}", code="invalid_prompt",
                        param="prompt_wav") from exc  # fmt: skip
     seconds = samples.size / rate if rate else 0.0
-    max_seconds = services.config.api.max_prompt_seconds
     if seconds > max_seconds:
         raise ApiError(400, f"prompt_wav is {seconds:.1f} s long; the limit is {max_seconds:g} s "
                        "(api.max_prompt_seconds)", code="prompt_too_long", param="prompt_wav")  # fmt: skip
-    if data[:4] == b"RIFF":
+    if data[:4] == b"RIFF" and data[8:12] == b"WAVE":
         return data
     return wav_bytes(float_to_int16(samples), rate)  # mp3, flac, ... -> WAV for the voice store
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from enum import Enum
 from typing import Any
@@ -65,6 +66,36 @@ _SENDABLE: dict[Role, frozenset[type]] = {
     | {ServerHello, TtsStart, TtsSentenceStart, TtsSentenceEnd, TtsStop, Stt, LlmEmotion, Alert}
     | {SystemCommand, AudioOut},
 }
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _without_lone_surrogates(msg: Any) -> Any:
+    """Replaces lone surrogates (JSON `\\ud800` escapes) in every string of ``msg`` by U+FFFD.
+
+    Such text cannot be encoded as UTF-8: echoing it in `stt`, or sending it on to an LLM,
+    would fail. ``json.loads`` has already joined valid pairs, so any surrogate left is lone.
+    Iterative, so its depth is bounded by what ``json.loads`` accepted, not by the stack.
+    """
+
+    def fix(value: Any) -> Any:
+        return _SURROGATE.sub("\ufffd", value) if isinstance(value, str) else value
+
+    root = [fix(msg)]
+    stack: list[dict[str, Any] | list[Any]] = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            items = [(fix(k), fix(v)) for k, v in node.items()]
+            node.clear()
+            node.update(items)
+            stack.extend(v for v in node.values() if isinstance(v, dict | list))
+        else:
+            node[:] = [fix(v) for v in node]
+            stack.extend(v for v in node if isinstance(v, dict | list))
+    return root[0]
 
 
 def _reject_constant(name: str) -> Any:
@@ -157,6 +188,8 @@ class XiaozhiConnection:
             raise RemoteProtocolError(
                 f"text message is not valid JSON: {exc}", close_code_hint=CloseCode.INVALID_DATA
             ) from None
+        if _SURROGATE_ESCAPE.search(text):
+            msg = _without_lone_surrogates(msg)
         event = self._parse(msg)
         if isinstance(event, ServerHello) and isinstance(msg.get("session_id"), str):
             self._session_id = event.session_id  # as the firmware does; absent keeps the old one

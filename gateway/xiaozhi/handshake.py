@@ -4,11 +4,15 @@ The firmware sends the headers ``Authorization: Bearer <token>``, ``Protocol-Ver
 ``Device-Id`` and ``Client-Id``. Browser test clients, which cannot set headers, put
 ``device-id``, ``client-id`` and ``authorization`` in the URL query instead; the incumbent accepts
 that, and so do we (a header always wins over the query). Names are matched case-insensitively.
+
+``Device-Id`` and ``Client-Id`` are bounded (:data:`MAX_ID_CHARS`, printable characters only): real
+ids are MAC addresses and UUIDs, and anything else would end up in every log line of the session.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -17,6 +21,9 @@ from .framing import BINARY_VERSIONS
 
 _BEARER = re.compile(r"bearer(?:\s+(.*))?", re.IGNORECASE | re.DOTALL)
 _DIGITS = re.compile(r"[0-9]{1,3}")
+
+MAX_ID_CHARS = 128
+"""Longest Device-Id / Client-Id accepted (a MAC address has 17 characters, a UUID 36)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +34,8 @@ class HandshakeInfo:
     client_id: str | None
     token: str | None
     protocol_version: int
+    authenticated: bool = False
+    """Set by the server once a token was verified (a static or a device token); never by the parser."""
 
 
 def parse_handshake(headers: Mapping[str, str], query: Mapping[str, str]) -> HandshakeInfo:
@@ -35,8 +44,8 @@ def parse_handshake(headers: Mapping[str, str], query: Mapping[str, str]) -> Han
     ``Authorization: Bearer x`` gives token ``"x"``; a value without the ``Bearer`` scheme is taken
     verbatim (the firmware sends tokens that contain a space unchanged). Empty values count as
     absent. The protocol version comes from the ``Protocol-Version`` header, else the query's
-    ``protocol-version`` or ``version``; absent means 1. Anything but 1, 2 or 3 raises
-    :class:`RemoteProtocolError`.
+    ``protocol-version`` or ``version``; absent means 1. Anything but 1, 2 or 3, and a Device-Id
+    or Client-Id that fails :func:`check_identity`, raises :class:`RemoteProtocolError`.
     """
     header_values = _lowercase_keys(headers, "headers")
     query_values = _lowercase_keys(query, "query")
@@ -50,8 +59,8 @@ def parse_handshake(headers: Mapping[str, str], query: Mapping[str, str]) -> Han
         return None
 
     return HandshakeInfo(
-        device_id=lookup("device-id"),
-        client_id=lookup("client-id"),
+        device_id=check_identity("Device-Id", lookup("device-id")),
+        client_id=check_identity("Client-Id", lookup("client-id")),
         token=_token_from_authorization(lookup("authorization")),
         protocol_version=_protocol_version(
             header_values.get("protocol-version", "").strip()
@@ -59,6 +68,26 @@ def parse_handshake(headers: Mapping[str, str], query: Mapping[str, str]) -> Han
             or query_values.get("version", "").strip()
         ),
     )
+
+
+def check_identity(name: str, value: str | None) -> str | None:
+    """``value`` unchanged if it is a sane device or client id, else :class:`RemoteProtocolError`.
+
+    Sane: at most :data:`MAX_ID_CHARS` characters, none of them a control, format, surrogate,
+    private-use or unassigned character (Unicode category ``C*``). The message never echoes the value.
+    """
+    if value is None:
+        return None
+    if len(value) > MAX_ID_CHARS:
+        raise RemoteProtocolError(
+            f"{name} is too long ({len(value)} characters, at most {MAX_ID_CHARS})",
+            close_code_hint=CloseCode.PROTOCOL_ERROR,
+        )
+    if any(unicodedata.category(ch)[0] == "C" for ch in value):
+        raise RemoteProtocolError(
+            f"{name} contains control or unprintable characters", close_code_hint=CloseCode.PROTOCOL_ERROR
+        )
+    return value
 
 
 def _lowercase_keys(mapping: Mapping[str, str], what: str) -> dict[str, str]:

@@ -114,5 +114,9 @@ class Backend(ABC):
                 results.append(exc)
         return results
 
+    def wake(self) -> None:  # noqa: B027 - optional hook
+        """The engine has a new command (request, abort, ...). Called from any thread; a backend whose
+        ``step()`` may block waiting for its own work returns from that wait early (see espeak)."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Free the backend's resources. Called once, in the engine thread, when the engine closes."""

@@ -1,0 +1,197 @@
+"""Guards every plain HTTP request before the app sees it: the API key first, then a cap on the body.
+
+A pure ASGI middleware (Starlette's ``BaseHTTPMiddleware`` would buffer the body):
+
+1. When ``api.api_keys`` is set, a protected path without a valid key gets 401 from its headers and
+   query string alone: not one byte of its body is read.
+2. The body is counted while it streams, chunked or with a ``Content-Length``; a declared length over
+   the cap of the path's family is refused before any byte is read, and a streamed one as soon as it
+   passes the cap (413), without reading further. Multipart uploads stop there too (Starlette closes
+   the temporary files of a form whose parsing fails).
+
+Before either answer the rest of the body is read and dropped only while it stays within
+``DRAIN_BYTES`` (1 MiB, within ``DRAIN_SECONDS``), so that clients that send a whole body before they
+read (httpx's async client, the OpenAI SDK) hear the answer on a connection that stays open. A longer
+body is not read on: the answer goes out with ``Connection: close`` and the connection is dropped. So
+a refused request costs the server at most its cap plus 1 MiB, never the whole body. Errors have the
+API's JSON shape (``gateway/api/errors.py``).
+
+Families and their caps:
+
+- OTA and device paths (``/xiaozhi/...``): ``api.max_ota_body_bytes``; never an API key (devices
+  have their own token, ``server.auth``).
+- Uploads (``/v1/voices``, ``/tts/zero_shot``): the text cap plus ``api.max_prompt_bytes``.
+- Every other path: ``api.max_text_chars`` JSON-escaped (12 bytes a character) plus 64 KiB.
+
+Public without a key: ``/v1/health``, ``/xiaozhi/...``, ``/metrics`` with ``api.public_metrics``,
+the docs (``/docs``, ``/redoc``, ``/openapi.json``) with ``api.public_docs``. Every other path needs
+a key, unknown ones included. WebSocket handshakes pass untouched: ``/ws/tts`` checks keys itself,
+the device socket its tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.requests import HTTPConnection
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.api.auth import key_error
+from gateway.api.errors import ApiError
+from gateway.config import ApiConfig
+
+DEVICE_PREFIX = "/xiaozhi/"  # OTA (POST/GET /xiaozhi/ota/, /xiaozhi/ota/activate) and the socket's GET
+UPLOAD_PATHS = frozenset({"/v1/voices", "/tts/zero_shot"})
+HEALTH_PATH = "/v1/health"
+METRICS_PATH = "/metrics"
+BODY_OVERHEAD = 64 * 1024  # fields besides the text, multipart boundaries
+DRAIN_BYTES = 1 << 20  # the most of a refused body read (and dropped) so the client hears the answer
+DRAIN_SECONDS = 2.0
+
+
+def text_body_cap(api: ApiConfig) -> int:
+    """The body cap of the JSON endpoints: the longest text, every character JSON-escaped."""
+    return api.max_text_chars * 12 + BODY_OVERHEAD
+
+
+class BodyTooLarge(HTTPException):
+    """Raised from ``receive`` once a body passes its cap; an HTTPException so FastAPI passes it on."""
+
+    def __init__(self, cap: int) -> None:
+        super().__init__(413, f"request body over {cap} bytes")
+        self.cap = cap
+
+
+class HttpGuard:
+    """The middleware; ``docs_paths`` are the app's OpenAPI and docs URLs."""
+
+    def __init__(self, app: ASGIApp, *, api: ApiConfig, docs_paths: Iterable[str | None] = ()) -> None:
+        self.app = app
+        self.keys = tuple(api.api_keys)
+        public = {HEALTH_PATH}
+        if api.public_metrics:
+            public.add(METRICS_PATH)
+        if api.public_docs:
+            public.update(p for p in docs_paths if p)
+        self.public = frozenset(public)
+        self.text_cap = text_body_cap(api)
+        self.upload_cap = self.text_cap + api.max_prompt_bytes
+        self.ota_cap = api.max_ota_body_bytes
+
+    def needs_key(self, path: str) -> bool:
+        return bool(self.keys) and path not in self.public and not path.startswith(DEVICE_PREFIX)
+
+    def body_cap(self, path: str) -> int:
+        if path.startswith(DEVICE_PREFIX):
+            return self.ota_cap
+        return self.upload_cap if path in UPLOAD_PATHS else self.text_cap
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = _route_path(scope)
+        headers = Headers(scope=scope)
+        if self.needs_key(path):
+            error = key_error(HTTPConnection(scope), self.keys)
+            if error is not None:
+                await _refuse(error, scope, receive, send, drain=_declared(headers) <= DRAIN_BYTES)
+                return
+        cap = self.body_cap(path)
+        declared = _declared(headers)
+        if declared > cap:
+            error = _too_large(cap, f"{declared} bytes")
+            await _refuse(error, scope, receive, send, drain=declared <= DRAIN_BYTES)
+            return
+        await _CappedBody(self.app, cap)(scope, receive, send)
+
+
+class _CappedBody:
+    """One request: ``receive`` raises ``BodyTooLarge`` past the cap; whatever the app answers then
+    (FastAPI's own 413, a 400 of a failed parse, or an exception) becomes the API's 413."""
+
+    def __init__(self, app: ASGIApp, cap: int) -> None:
+        self.app = app
+        self.cap = cap
+        self.received = 0
+        self.exceeded = False
+        self.started = False  # the app's response went out
+        self.replaced = False  # our 413 went out instead
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def capped_receive() -> Message:
+            if self.exceeded:
+                raise BodyTooLarge(self.cap)
+            message = await receive()
+            if message["type"] == "http.request":
+                self.received += len(message.get("body", b""))
+                if self.received > self.cap:
+                    self.exceeded = True
+                    raise BodyTooLarge(self.cap)
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            if self.replaced:
+                return
+            if self.exceeded and not self.started:
+                self.replaced = True
+                await _refuse(_too_large(self.cap, "more"), scope, receive, send, drain=True)
+                return
+            if message["type"] == "http.response.start":
+                self.started = True
+            await send(message)
+
+        try:
+            await self.app(scope, capped_receive, guarded_send)
+        except Exception:
+            if not self.exceeded or self.started:
+                raise
+            if not self.replaced:
+                self.replaced = True
+                await _refuse(_too_large(self.cap, "more"), scope, receive, send, drain=True)
+
+
+def _too_large(cap: int, size: str) -> ApiError:
+    return ApiError(413, f"request body of {size}; the limit here is {cap} bytes", code="body_too_large")
+
+
+async def _refuse(error: ApiError, scope: Scope, receive: Receive, send: Send, *, drain: bool) -> None:
+    """Send ``error``; with ``drain``, first drop what is left of the body if it ends within DRAIN_BYTES,
+    else (or without ``drain``) leave it unread and close the connection."""
+    response = error.response()
+    if not (drain and await _dropped_rest(receive)):
+        response.headers["connection"] = "close"
+    await response(scope, receive, send)
+
+
+async def _dropped_rest(receive: Receive) -> bool:
+    """Read and drop the rest of the body: True when it ended within DRAIN_BYTES and DRAIN_SECONDS."""
+    budget = DRAIN_BYTES
+    try:
+        async with asyncio.timeout(DRAIN_SECONDS):
+            while budget >= 0:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return False  # the client is gone
+                budget -= len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return budget >= 0
+    except TimeoutError:
+        return False
+    return False
+
+
+def _declared(headers: Headers) -> int:
+    """The declared Content-Length; 0 without one (a chunked body is counted as it streams)."""
+    declared = headers.get("content-length", "")
+    return int(declared) if declared.isdigit() else 0
+
+
+def _route_path(scope: Scope) -> str:
+    """The path as the router matches it (without the ``root_path`` a proxy mounts the app under)."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root) else path
