@@ -4,10 +4,33 @@
 #   apt: libopus0 (Opus codec), espeak-ng (the built-in voice)
 #   pip: torch==2.13.0 when no torch is installed, then this project + test and
 #        asr extras, and FunASR for speech recognition (see below)
-# With --serve it then starts the server (extra arguments go to `serve`).
+# With --models it then downloads the speech models (scripts/download_model.py:
+# Fun-CosyVoice3-0.5B-2512, ~4.4 GB, and SenseVoiceSmall, ~0.9 GB, into models/;
+# resumed when run again; $MODEL_ARGS adds options, e.g. MODEL_ARGS="--source hf").
+# With --serve it then starts the server (the arguments after it go to `serve`).
+#   bash scripts/setup.sh [--models] [--serve [--host H] [--port P] [--config FILE]]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+
+models=0
+serve=0
+serve_args=()
+for arg in "$@"; do
+  case "$arg" in
+    --models) models=1 ;;
+    --serve) serve=1 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    *)
+      if [ "$serve" -eq 1 ]; then
+        serve_args+=("$arg")
+      else
+        echo "setup: unknown option $arg (use --models, --serve [serve options])" >&2
+        exit 2
+      fi
+      ;;
+  esac
+done
 
 missing=()
 for pkg in libopus0 espeak-ng; do
@@ -43,8 +66,16 @@ if ! "$PY" -c "import importlib.util as u; assert u.find_spec('funasr') and u.fi
   "$PY" -m pip install -q --no-deps funasr==1.4.16 librosa==0.11.0
 fi
 
-if [ "${1:-}" = "--serve" ]; then
-  shift
-  exec "$PY" -m gateway serve "$@"
+if [ "$models" -eq 1 ]; then
+  echo "setup: downloading the speech models (run again to resume)"
+  # shellcheck disable=SC2086  # MODEL_ARGS is a list of options
+  if ! "$PY" scripts/download_model.py ${MODEL_ARGS:-}; then
+    echo "setup: the model download did not finish; run the same command again to resume" >&2
+    exit 1
+  fi
 fi
-echo "setup: done. Start the server with: $PY -m gateway serve"
+
+if [ "$serve" -eq 1 ]; then
+  exec "$PY" -m gateway serve "${serve_args[@]}"
+fi
+echo "setup: done. Check the models with: $PY -m gateway check; start the server with: $PY -m gateway serve"

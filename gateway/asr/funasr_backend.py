@@ -44,6 +44,18 @@ def clean_text(text: str) -> str:
     return _SPACES.sub(" ", _TAG.sub("", text)).strip()
 
 
+LOCAL_MODEL_DIR = Path("models/SenseVoiceSmall")  # where scripts/download_model.py puts it
+HUB_MODEL_ID = "iic/SenseVoiceSmall"
+DOWNLOAD_HINT = "python scripts/download_model.py --only asr"
+
+
+def model_reference(model: str) -> str:
+    """`asr.model` with `auto` resolved: the downloaded local directory when present, else the hub id."""
+    if model != "auto":
+        return model
+    return str(LOCAL_MODEL_DIR) if LOCAL_MODEL_DIR.is_dir() else HUB_MODEL_ID
+
+
 def modelscope_cache_dirs(model_id: str) -> list[Path]:
     """Where ModelScope keeps a downloaded model (newer and older cache layouts)."""
     root = Path(os.environ.get("MODELSCOPE_CACHE") or Path.home() / ".cache" / "modelscope" / "hub")
@@ -128,30 +140,35 @@ class FunASRBackend:
     @staticmethod
     def locate_model(cfg: ASRConfig) -> str:
         """A local directory for `cfg.model`, or its hub id when it may be downloaded."""
-        path = Path(cfg.model).expanduser()
+        model = model_reference(cfg.model)
+        path = Path(model).expanduser()
         if path.is_dir():
-            check_model_dir(path)
+            try:
+                check_model_dir(path)
+            except ASRModelMissing as exc:
+                raise ASRModelMissing(f"{exc} (to fetch it again: {DOWNLOAD_HINT})") from exc
             return str(path)
         if path.exists():
-            raise ASRModelMissing(f"asr.model {cfg.model} is not a directory")
-        looked = modelscope_cache_dirs(cfg.model)
+            raise ASRModelMissing(f"asr.model {model} is not a directory")
+        looked = modelscope_cache_dirs(model)
         for cached in looked:
             if cached.is_dir():
                 check_model_dir(cached)
                 return str(cached)
-        if cfg.model.startswith(("/", ".", "~")):
+        if model.startswith(("/", ".", "~")):
             raise ASRModelMissing(f"no model directory at {path}")
-        where = ", ".join(str(p) for p in looked)
+        where = ", ".join(str(p) for p in ([LOCAL_MODEL_DIR] if cfg.model == "auto" else []) + looked)
         if not cfg.download:
             raise ASRModelMissing(
-                f"{cfg.model} is not downloaded (looked in {where}) and asr.download is off"
+                f"{model} is not downloaded (looked in {where}) and asr.download is off; run {DOWNLOAD_HINT}"
             )
         if find_spec("modelscope") is None:
             raise ASRModelMissing(
-                f"{cfg.model} is not downloaded (looked in {where}); `pip install modelscope` lets the "
+                f"{model} is not downloaded (looked in {where}); run {DOWNLOAD_HINT} (into "
+                f"{LOCAL_MODEL_DIR}, used by asr.model: auto), `pip install modelscope` to let the "
                 "gateway download it at start-up, or set asr.model to a local model directory"
             )
-        return cfg.model
+        return model
 
     @classmethod
     def load(cls, cfg: ASRConfig, gpu: GPUConfig | None = None) -> FunASRBackend:
