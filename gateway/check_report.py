@@ -69,7 +69,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.ERROR, format="%(levelname)s %(name)s: %(message)s"
+        level=logging.INFO if args.verbose else logging.ERROR, format="%(levelname)s %(name)s: %(message)s"
     )
     if not args.verbose:
         warnings.filterwarnings("ignore")  # library warnings would clutter the table

@@ -71,11 +71,10 @@ def _unexpected(name: str, exc: BaseException, fix: str) -> CheckResult:
 # ------------------------------------------------------------------------------------- TTS files
 
 
-def _fix_for(finding: files.Finding, model_dir: Path) -> str:
+def _fix_for(finding: files.Finding) -> str:
     if finding.status in (OK, SKIPPED):
         return ""
-    hint = finding.hint or "re-download the model"
-    return f"{hint} ({TTS_DOWNLOAD})" if model_dir else hint
+    return f"{finding.hint or 're-download the model'} ({TTS_DOWNLOAD})"
 
 
 def tts_file_checks(cfg: TTSConfig, *, onnx: bool = True, tokenizer: bool = True) -> list[CheckResult]:
@@ -90,9 +89,7 @@ def tts_file_checks(cfg: TTSConfig, *, onnx: bool = True, tokenizer: bool = True
         detail = finding.detail
         if finding.status == MISSING and finding.name == "model directory":
             detail = f"no CosyVoice3 model at {model_dir}"
-        results.append(
-            CheckResult(f"tts {finding.name}", finding.status, detail, _fix_for(finding, model_dir))
-        )
+        results.append(CheckResult(f"tts {finding.name}", finding.status, detail, _fix_for(finding)))
     return results
 
 
@@ -106,9 +103,7 @@ def loaded_model_checks(backend: Any) -> list[CheckResult]:
     finding = files.check_tokenizer(
         model_dir, model.tokenizer, endofprompt_id=model.config.llm.endofprompt_id
     )
-    results.append(
-        CheckResult(f"tts {finding.name}", finding.status, finding.detail, _fix_for(finding, model_dir))
-    )
+    results.append(CheckResult(f"tts {finding.name}", finding.status, finding.detail, _fix_for(finding)))
     for file, frontend in (
         ("campplus.onnx", model.campplus),
         ("speech_tokenizer_v3.onnx", model.speech_tokenizer),
@@ -120,9 +115,7 @@ def loaded_model_checks(backend: Any) -> list[CheckResult]:
             )
         else:
             finding = files.check_onnx_session(file, session)
-        results.append(
-            CheckResult(f"tts {file}", finding.status, finding.detail, _fix_for(finding, model_dir))
-        )
+        results.append(CheckResult(f"tts {file}", finding.status, finding.detail, _fix_for(finding)))
     return results
 
 
