@@ -31,6 +31,7 @@ import torch
 
 from cosyvoice.config import CosyVoice3Config, load_config
 from cosyvoice.flow import Flow
+from cosyvoice.flow.chunk_cache import FlowCacheManager
 from cosyvoice.hift import CausalHift, load_hift
 from cosyvoice.hift.stream import HiftStreamState, vocode_streams
 
@@ -96,13 +97,23 @@ class HopJob:
 
     @property
     def streaming(self) -> bool:
-        return not self.finalize  # upstream's closing call leaves streaming at its default False
+        # upstream's closing call leaves streaming at its default False (final_pass "exact")
+        return not self.finalize or self.stream.final_pass_streaming
 
 
 class Token2WavStream:
     """Per-request state; create with :meth:`Token2Wav.stream`."""
 
-    def __init__(self, owner: Token2Wav, prompt: SpeakerPrompt, *, stream: bool = True) -> None:
+    def __init__(
+        self,
+        owner: Token2Wav,
+        prompt: SpeakerPrompt,
+        *,
+        stream: bool = True,
+        share_prompt: bool = True,
+        flow_cache: FlowCacheManager | None | bool = True,
+        final_pass: str | None = None,
+    ) -> None:
         self.owner = owner
         self.prompt = prompt
         self.is_streaming = stream
@@ -114,6 +125,16 @@ class Token2WavStream:
         self.input_ended = False
         self.done = False
         self.hop_log: list[tuple[int, bool, bool, int]] = []  # (tokens, streaming, finalize, offset)
+        # The closing call keeps the chunk mask (and so the cache): engine.final_pass "streaming".
+        final_pass = owner.final_pass if final_pass is None else final_pass
+        if final_pass not in ("exact", "streaming"):
+            raise Token2WavError(f"final_pass must be 'exact' or 'streaming', got {final_pass!r}")
+        self.final_pass_streaming = stream and final_pass == "streaming"
+        # Complete flow chunks kept across hops (cosyvoice/flow/chunk_cache.py); None: recompute.
+        manager = owner.flow_cache if flow_cache is True else flow_cache or None
+        self.flow_cache = None
+        if manager is not None and stream:
+            self.flow_cache = manager.stream_cache(prompt if share_prompt else None)
 
     @property
     def this_hop(self) -> int:
@@ -170,6 +191,11 @@ class Token2WavStream:
             self.done = True
         return chunks
 
+    def close(self) -> None:
+        """Give the stream's flow cache back to the budget (done, aborted or dropped); idempotent."""
+        if self.flow_cache is not None:
+            self.flow_cache.release()
+
     def _drain(self) -> list[torch.Tensor]:
         chunks = []
         while (job := self.next_job()) is not None:
@@ -182,6 +208,7 @@ class Token2WavStream:
         self.vocoder.append(new_mel)
         if job.finalize:
             self.done = True
+            self.close()
         else:
             self.token_offset += self.this_hop
             self.hop = min(self.owner.schedule.max_hop, self.hop * self.owner.schedule.scale)
@@ -197,8 +224,17 @@ class Token2Wav:
         *,
         schedule: HopSchedule | None = None,
         full_revocode: bool = False,
+        flow_cache: FlowCacheManager | None = None,
+        final_pass: str = "exact",
     ) -> None:
+        if final_pass not in ("exact", "streaming"):
+            raise Token2WavError(f"final_pass must be 'exact' or 'streaming', got {final_pass!r}")
         self.flow = flow
+        # Per-voice prompt prefixes and per-stream chunk caches of the flow; None: every hop recomputes.
+        self.flow_cache = flow_cache
+        # "exact": the closing call is upstream's full-attention pass over everything; "streaming": it
+        # keeps the chunk mask, so with a cache it computes only its new frames (output differs a little).
+        self.final_pass = final_pass
         self.hift = hift
         # Upstream re-vocodes every accumulated frame each hop; a window of the vocoder's receptive field
         # gives the same samples (see cosyvoice.hift.stream) at a bounded cost per hop.
@@ -237,9 +273,25 @@ class Token2Wav:
         )
         return cls(flow, hift, schedule=schedule)
 
-    def stream(self, prompt: SpeakerPrompt, *, stream: bool = True) -> Token2WavStream:
-        """A new request. ``stream=False`` makes it offline: nothing runs before :meth:`~Token2WavStream.finish`."""
-        return Token2WavStream(self, prompt, stream=stream)
+    def stream(
+        self,
+        prompt: SpeakerPrompt,
+        *,
+        stream: bool = True,
+        share_prompt: bool = True,
+        flow_cache: FlowCacheManager | None | bool = True,
+        final_pass: str | None = None,
+    ) -> Token2WavStream:
+        """A new request. ``stream=False`` makes it offline: nothing runs before :meth:`~Token2WavStream.finish`.
+
+        ``share_prompt``: ``prompt`` is a voice's lasting object, so its voice-only flow chunks may be
+        cached for every stream given the same object (False for one-off prompts). ``flow_cache``: the
+        manager whose budget this stream's chunks use (True: this object's ``flow_cache``; None or
+        False: no cache); ``final_pass``: None for this object's setting.
+        """
+        return Token2WavStream(
+            self, prompt, stream=stream, share_prompt=share_prompt, flow_cache=flow_cache, final_pass=final_pass
+        )
 
     def offline(self, tokens: Iterable[int] | torch.Tensor, prompt: SpeakerPrompt) -> torch.Tensor:
         """The whole waveform [n] of a complete token list in one full-attention pass."""
@@ -290,6 +342,8 @@ class Token2Wav:
             embedding,
             streaming=[job.streaming for job in jobs],
             finalize=finals,
+            caches=[job.stream.flow_cache for job in jobs] if any(j.stream.flow_cache for j in jobs) else None,
+            skip_frames=[self.token_mel_ratio * job.token_offset for job in jobs],
         )  # [B, 80, M]
         lens = self.flow.mel_lengths(token_lens, p_lens, f_lens, finals)
         ratio = self.token_mel_ratio

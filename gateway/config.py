@@ -224,6 +224,10 @@ class EngineConfig(_Section):
     max_hop_rows: int = Field(16, ge=1, le=256)
     torch_compile: bool = False  # DiT step + vocoder through torch.compile (inductor); unmeasured on GPU
     cuda_graphs: bool = False  # decode step as CUDA graphs (CUDA + native LLM only); unmeasured, so off
+    # Flow chunk caches (per-voice prompt prefix, per-stream chunks): exact, only new frames computed.
+    flow_cache: bool = True
+    flow_cache_mib: float | None = Field(None, ge=0)  # None: what the memory plan leaves over
+    final_pass: Literal["exact", "streaming"] = "exact"  # streaming: the closing flow call keeps the chunk mask
 
     def memory_gib(self, gpu: GPUConfig) -> float:
         """The budget the engine plans with: explicit, else the TTS share of `gpu`, else the default."""

@@ -89,6 +89,9 @@ def create_tts_backend(
         max_hop_rows=engine.max_hop_rows,
         cuda_graphs=engine.cuda_graphs,
         torch_compile=engine.torch_compile,
+        flow_cache=engine.flow_cache,
+        flow_cache_mib=engine.flow_cache_mib,
+        final_pass=engine.final_pass,
     )
 
 

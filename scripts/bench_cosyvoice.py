@@ -13,7 +13,10 @@ with a synthetic speaker (``--prompt-seconds`` of prompt tokens/mel, random x-ve
 * first-chunk latency = prefill + the decode steps for the first hop's tokens + flow hop 1 + HiFT hop 1.
 
 Each figure is also given per second of audio produced (25 tokens = 1 s). ``--quick`` times a few decode
-steps and the first hop only. Imports only torch / numpy / tokenizers / safetensors / pyyaml /
+steps and the first hop only. Then the flow of the first hop with a ``--cache-prompt-seconds`` (10 s)
+prompt, flow chunk cache off (the prompt's chunks recomputed, as upstream) and on (the voice's prompt
+chunks taken from the cache, cosyvoice/flow/chunk_cache.py), in the same run, with the largest
+difference of their mels. Imports only torch / numpy / tokenizers / safetensors / pyyaml /
 onnxruntime through ``cosyvoice`` and ``scripts.make_tiny_model`` (no ``onnx`` needed).
 """
 
@@ -32,6 +35,7 @@ if str(REPO_ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
+from cosyvoice.flow.chunk_cache import FlowCacheManager  # noqa: E402
 from cosyvoice.frontend.speaker import SpeakerRecord  # noqa: E402
 from cosyvoice.hift import HiftStreamState  # noqa: E402
 from cosyvoice.llm import LLMPrompt, LLMRunner  # noqa: E402
@@ -60,6 +64,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--text-tokens", type=int, default=30, help="tts text tokens of the LLM prompt")
     parser.add_argument("--decode-tokens", type=int, default=None, help="timed decode steps")
     parser.add_argument("--warmup", type=int, default=None, help="untimed runs per stage (cuda: 1)")
+    parser.add_argument("--cache-prompt-seconds", type=float, default=10.0, help="prompt of the cache figure")
     return parser.parse_args(argv)
 
 
@@ -177,6 +182,44 @@ def time_token2wav(model: CosyVoice3, speaker: SpeakerRecord, timer: Timer, hops
     return num_prompt, results
 
 
+def time_flow_cache(model: CosyVoice3, timer: Timer, seconds: float, warmup: int) -> None:
+    """Flow time of the first streaming hop with a ``seconds`` prompt, cache off and on."""
+    speaker = synthetic_speaker(model, seconds)
+    prompt = model.speaker_prompt(speaker)
+    flow = model.token2wav.flow
+    device = flow.input_embedding.weight.device
+    num_prompt = int(prompt.prompt_token.shape[0])
+    (offset, hop), = hop_plan(model, num_prompt, 1)
+    num = offset + hop + model.token2wav.schedule.lookahead
+    tokens = torch.randint(0, 6561, (1, num), generator=torch.Generator().manual_seed(5), dtype=torch.int32)
+    args = (
+        tokens.to(device), [num], prompt.prompt_token[None].to(device), [num_prompt],
+        prompt.prompt_feat[None].to(device), [prompt.prompt_feat.shape[0]], prompt.embedding[None].to(device),
+    )  # fmt: skip
+    manager = FlowCacheManager(1 << 40)
+
+    def hop_call(cache: object | None) -> torch.Tensor:
+        extra = {} if cache is None else {"caches": [cache], "skip_frames": [0]}
+        return flow.inference(*args, streaming=True, finalize=False, **extra)
+
+    for _ in range(warmup):
+        hop_call(None)
+    off_s, off_mel = timer(lambda: hop_call(None))
+    fill_s, _ = timer(lambda: hop_call(manager.stream_cache(prompt)))  # the voice's first stream fills it
+    for _ in range(warmup):
+        hop_call(manager.stream_cache(prompt))
+    on_s, on_mel = timer(lambda: hop_call(manager.stream_cache(prompt)))
+    voice_frames = manager.voice_bytes and manager._voices[id(prompt)].segments[-1].end
+    print(
+        f"\nflow, first hop ({hop} + 3 tokens) with a {seconds:.0f} s prompt ({num_prompt} tokens, "
+        f"{2 * num_prompt} frames; {voice_frames} cached as the voice's prefix, "
+        f"{manager.voice_bytes / (1 << 20):.0f} MiB):"
+    )
+    print(f"  cache off {1000 * off_s:8.1f} ms   (the voice's first stream, filling the cache: {1000 * fill_s:.1f} ms)")
+    print(f"  cache on  {1000 * on_s:8.1f} ms   = {off_s / on_s:.2f}x less; "
+          f"max |mel on - mel off| = {(on_mel - off_mel).abs().max().item():.2e}")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     device = torch.device(args.device)
@@ -227,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{first_hop + lookahead - 1} decode steps {1000 * (llm_first - prefill_s):.0f} + "
         f"flow {1000 * flow1:.0f} + HiFT {1000 * hift1:.0f} (first chunk: {samples1 / 24000:.2f} s of audio)"
     )
+    time_flow_cache(model, timer, args.cache_prompt_seconds, warmup)
     return 0
 
 

@@ -4,6 +4,8 @@
                                    [--tokens-per-sentence 50] [--sentences 2] [--rate 16000]
                                    [--max-lead-s 2.0] [--gpu-memory-gib G] [--model-dir DIR] [--no-baseline]
                                    [--max-hop-rows 16] [--cuda-graphs] [--torch-compile]
+                                   [--prompt-seconds 3] [--flow-cache on|off|compare]
+                                   [--final-pass exact|streaming]
 
 Random weights (``scripts.make_tiny_model``; ``full`` has the Fun-CosyVoice3-0.5B-2512 dimensions, about
 3.4 GB, written once under ``models/.bench/``) and a synthetic speaker; the LLM is forced to emit exactly
@@ -18,6 +20,12 @@ aggregate seconds of audio per second of wall time, the share of streams that ev
 arrived after the audio before it had finished playing), the mean batch size, and peak memory (CUDA:
 ``max_memory_allocated``; CPU: the engine's planned weights + KV pool). Then the same streams through
 an engine that serves one request at a time (``max_batch_size=1``: the rest queue), and the ratios.
+
+Every stream speaks in its own voice (a synthetic speaker of ``--prompt-seconds``), so with the flow
+cache on (cosyvoice/flow/chunk_cache.py) a stream's first sentence computes its voice's prompt chunks
+and its later sentences start from them. ``--flow-cache compare`` runs every level with the cache on and
+then off (no one-at-a-time runs) and prints ``streams=N: flow cache on / off aggregate audio/s = X.XXx;
+first-chunk p95 off / on = Y.YYx``.
 
 Imports only torch / numpy / tokenizers / safetensors / pyyaml / onnxruntime (no web stack).
 """
@@ -99,6 +107,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-hop-rows", type=int, default=16, help="flow + vocoder rows per step")
     parser.add_argument("--cuda-graphs", action="store_true", help="decode step as CUDA graphs (CUDA only)")
     parser.add_argument("--torch-compile", action="store_true", help="DiT step + vocoder via torch.compile")
+    parser.add_argument("--flow-cache", choices=("on", "off", "compare"), default="on", help="flow chunk cache")
+    parser.add_argument("--final-pass", choices=("exact", "streaming"), default="exact", help="closing flow call")
     return parser.parse_args(argv)
 
 
@@ -119,8 +129,9 @@ def load_model(args: argparse.Namespace) -> CosyVoice3:
 
 
 def make_backend(
-    model: CosyVoice3, args: argparse.Namespace, max_batch: int, voice_dir: Path
-) -> CosyVoiceBackend:
+    model: CosyVoice3, args: argparse.Namespace, max_batch: int, voice_dir: Path, num_voices: int = 1,
+    flow_cache: bool = True,
+) -> CosyVoiceBackend:  # fmt: skip
     budget = None
     if args.gpu_memory_gib is not None:
         budget = MemoryBudget.from_gib(args.gpu_memory_gib, args.device)
@@ -128,25 +139,28 @@ def make_backend(
         model=model, seed=0, max_batch_size=max_batch, max_llm_len=args.max_llm_len, voice_cache_dir=voice_dir,
         memory_budget=budget, fixed_llm_tokens=args.tokens_per_sentence, max_hop_rows=args.max_hop_rows,
         cuda_graphs=args.cuda_graphs,  # torch.compile is applied once to the shared model (load_model)
+        flow_cache=flow_cache, final_pass=args.final_pass,
     )  # fmt: skip
-    # A synthetic speaker, registered through the voice cache (no ONNX frontend needed).
-    wav = voice_dir / "bench.wav"
-    wav.write_bytes(b"synthetic speaker: see bench_cosyvoice.synthetic_speaker")
-    preset = VoicePreset(name="bench", prompt_wav=wav, prompt_text="synthetic")
-    synthetic_speaker(model, args.prompt_seconds).save(
-        preset_cache_path(preset, voice_dir, key=backend.fingerprint)
-    )
-    backend.add_voice(preset)
+    # Synthetic speakers, one per stream, registered through the voice cache (no ONNX frontend needed).
+    for i in range(num_voices):
+        wav = voice_dir / f"bench{i}.wav"
+        wav.write_bytes(f"synthetic speaker {i}: see bench_cosyvoice.synthetic_speaker".encode())
+        preset = VoicePreset(name=f"bench{i}", prompt_wav=wav, prompt_text="synthetic")
+        record = synthetic_speaker(model, args.prompt_seconds)
+        gen = torch.Generator().manual_seed(i)
+        record.prompt_speech_tokens.copy_(torch.randint(0, 6561, record.prompt_speech_tokens.shape, generator=gen))
+        record.save(preset_cache_path(preset, voice_dir, key=backend.fingerprint))
+        backend.add_voice(preset)
     return backend
 
 
-async def one_stream(engine: TTSEngine, args: argparse.Namespace, start: float) -> StreamResult:
+async def one_stream(engine: TTSEngine, args: argparse.Namespace, start: float, voice: str) -> StreamResult:
     """Sentences one after the other, consumed at real time with a bounded playback buffer."""
     first_at: float | None = None
     audio_s = 0.0  # audio received so far
     ran_dry = False
     for _ in range(args.sentences):
-        async for chunk in engine.synthesize(SENTENCE, voice="bench", sample_rate=args.rate):
+        async for chunk in engine.synthesize(SENTENCE, voice=voice, sample_rate=args.rate):
             now = time.perf_counter()
             if first_at is None:
                 first_at = now
@@ -164,10 +178,11 @@ async def one_stream(engine: TTSEngine, args: argparse.Namespace, start: float) 
 
 
 async def run_level(
-    model: CosyVoice3, args: argparse.Namespace, num_streams: int, max_batch: int
+    model: CosyVoice3, args: argparse.Namespace, num_streams: int, max_batch: int, flow_cache: bool | None = None
 ) -> RunResult:
+    flow_cache = args.flow_cache != "off" if flow_cache is None else flow_cache
     with tempfile.TemporaryDirectory() as tmp:
-        backend = make_backend(model, args, max_batch, Path(tmp))
+        backend = make_backend(model, args, max_batch, Path(tmp), num_streams, flow_cache)
         engine = TTSEngine(backend, max_queue_wait_s=None, max_pending_requests=max(256, 2 * num_streams))
         await engine.start()
         if args.device.startswith("cuda"):
@@ -175,7 +190,9 @@ async def run_level(
             torch.cuda.reset_peak_memory_stats()
         try:
             start = time.perf_counter()
-            streams = await asyncio.gather(*(one_stream(engine, args, start) for _ in range(num_streams)))
+            streams = await asyncio.gather(
+                *(one_stream(engine, args, start, f"bench{i}") for i in range(num_streams))
+            )
             wall = time.perf_counter() - start
             stats = engine.stats
         finally:
@@ -202,7 +219,8 @@ async def main_async(args: argparse.Namespace) -> None:
         f"preset={args.preset} device={args.device} dtype={args.dtype} tokens/sentence={args.tokens_per_sentence} "
         f"sentences/stream={args.sentences} (~{audio_s:.1f} s audio per stream) rate={args.rate} "
         f"lead={args.max_lead_s}s threads={torch.get_num_threads()} max_hop_rows={args.max_hop_rows} "
-        f"cuda_graphs={args.cuda_graphs} torch_compile={args.torch_compile}"
+        f"cuda_graphs={args.cuda_graphs} torch_compile={args.torch_compile} prompt={args.prompt_seconds}s "
+        f"flow_cache={args.flow_cache} final_pass={args.final_pass}"
     )
     await run_level(model, args, 1, 1)  # warm-up
     header = (
@@ -210,6 +228,18 @@ async def main_async(args: argparse.Namespace) -> None:
     )
     print(header + f" {'batch':>7} {'peak_MiB':>9}")
     ratios = []
+    if args.flow_cache == "compare":
+        for n in levels:
+            on = (await run_level(model, args, n, max(levels), flow_cache=True)).row()
+            print_row("cache-on", n, on)
+            off = (await run_level(model, args, n, max(levels), flow_cache=False)).row()
+            print_row("cache-off", n, off)
+            ratios.append((n, on["audio_per_s"] / off["audio_per_s"], off["first_p95_ms"] / on["first_p95_ms"]))
+            sys.stdout.flush()
+        for n, throughput, latency in ratios:
+            print(f"streams={n}: flow cache on / off aggregate audio/s = {throughput:.2f}x; "
+                  f"first-chunk p95 off / on = {latency:.2f}x")  # fmt: skip
+        return
     for n in levels:
         batched = (await run_level(model, args, n, max(levels))).row()
         print_row("batched", n, batched)

@@ -7,6 +7,12 @@ memory). The plan::
     per_row   = kv_bytes_per_slot(max_llm_len) + activation_bytes_per_row
     num_slots = min(max_batch_size, floor((budget - weights) / per_row))
 
+The flow's chunk caches (per-voice prompt prefixes, per-stream chunks: cosyvoice/flow/chunk_cache.py)
+get ``flow_cache_bytes``: a fixed size taken off before the slots (``engine.flow_cache_mib``), or, when
+it is left to the plan (None), whatever the weights, the slots and their reserve leave of the budget.
+Their manager evicts least recently used voice prefixes and lets streams recompute instead of going
+past it.
+
 Every admitted request holds one KV slot and may take one batch row, so the engine never admits more
 requests than the plan's ``num_slots``; the rest wait in its queue. A budget that cannot hold the
 weights and one row stops start-up with a ``MemoryBudgetError`` naming the config key.
@@ -86,6 +92,11 @@ class MemoryPlan:
     kv_bytes_per_slot: int
     activation_bytes_per_row: int
     num_slots: int
+    flow_cache_bytes: int = 0
+
+    @property
+    def flow_cache_mib(self) -> float:
+        return self.flow_cache_bytes / (1 << 20)
 
     @property
     def kv_pool_bytes(self) -> int:
@@ -97,7 +108,7 @@ class MemoryPlan:
 
     @property
     def planned_bytes(self) -> int:
-        return self.weights_bytes + self.kv_pool_bytes + self.reserve_bytes
+        return self.weights_bytes + self.kv_pool_bytes + self.reserve_bytes + self.flow_cache_bytes
 
     def as_stats(self) -> dict[str, int]:
         stats = asdict(self)
@@ -139,23 +150,32 @@ class MemoryBudget:
         kv_bytes_per_slot: int,
         activation_bytes_per_row: int,
         max_batch_size: int,
+        flow_cache_bytes: int | None = 0,
     ) -> MemoryPlan:
-        """Fit as many KV slots as the budget holds after the weights, at most ``max_batch_size``."""
+        """Fit as many KV slots as the budget holds after the weights, at most ``max_batch_size``.
+
+        ``flow_cache_bytes``: a fixed flow cache size taken off first, or None for what the slots leave.
+        """
         per_row = kv_bytes_per_slot + activation_bytes_per_row
         if per_row <= 0 or max_batch_size < 1:
             raise ValueError(
                 "kv_bytes_per_slot + activation_bytes_per_row and max_batch_size must be positive"
             )
-        free = self.total_bytes - weights_bytes
+        fixed_cache = 0 if flow_cache_bytes is None else max(0, int(flow_cache_bytes))
+        free = self.total_bytes - weights_bytes - fixed_cache
         num_slots = min(max_batch_size, free // per_row) if free > 0 else 0
         if num_slots < 1:
             raise MemoryBudgetError(
                 f"{BUDGET_KEY}: a budget of {self.total_bytes / GIB:.2f} GiB cannot hold the weights "
                 f"({weights_bytes / GIB:.2f} GiB) plus one stream ({per_row / GIB:.3f} GiB of KV cache and "
-                "activations); raise it or lower engine.max_llm_len"
+                "activations)"
+                + (f" and the flow cache ({fixed_cache / GIB:.2f} GiB)" if fixed_cache else "")
+                + "; raise it or lower engine.max_llm_len"
+                + (" or engine.flow_cache_mib" if fixed_cache else "")
             )
+        cache = fixed_cache if flow_cache_bytes is not None else free - num_slots * per_row
         return MemoryPlan(
-            self.total_bytes, weights_bytes, kv_bytes_per_slot, activation_bytes_per_row, num_slots
+            self.total_bytes, weights_bytes, kv_bytes_per_slot, activation_bytes_per_row, num_slots, cache
         )
 
 

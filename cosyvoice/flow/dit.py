@@ -150,7 +150,8 @@ def apply_head0_rope_(qkv: Tensor, inner_dim: int, cos: Tensor, sin: Tensor) -> 
     qk = qkv.view(batch, seq_len, 3, inner_dim)[:, :, :2, :rot]  # [B, T, 2, R] (q and k, head-0 channels)
     pairs = qk.float().unflatten(-1, (rot // 2, 2))  # [B, T, 2, R/2, 2]
     rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)  # [B, T, 2, R]
-    qk.copy_(pairs.flatten(-2) * cos[:, None, :] + rotated * sin[:, None, :])
+    # cos/sin [T, R] (every row) or [B, T, R] (per-row positions): broadcast over the q/k axis.
+    qk.copy_(pairs.flatten(-2) * cos.unsqueeze(-2) + rotated * sin.unsqueeze(-2))
 
 
 class CausalConvPositionEmbedding(nn.Module):

@@ -33,8 +33,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .cfm import CausalCFM
+from .chunk_cache import FlowRowCache
 from .dit import DiT, DiTConfig
 from .errors import FlowInputError
+from .incremental import solve_with_caches
 from .weights import (
     ESTIMATOR_PREFIX,
     StateDictReader,
@@ -200,8 +202,17 @@ class Flow(nn.Module):
         n_timesteps: int | None = None,
         cfg_rate: float | None = None,
         temperature: float = 1.0,
+        *,
+        caches: Sequence[FlowRowCache | None] | None = None,
+        skip_frames: Sequence[int] | None = None,
     ) -> Tensor:
-        """Mel [B, 80, M_max] (fp32) for each row's tokens after its prompt; see the module docstring."""
+        """Mel [B, 80, M_max] (fp32) for each row's tokens after its prompt; see the module docstring.
+
+        ``caches`` (per row, or None) makes streaming rows start from their cached complete chunks and
+        keep the new complete chunks (non-final rows) for the next call; ``skip_frames[b]`` output
+        frames of row b are not needed by the caller (they are returned as zeros when a cache let the
+        row skip them). Results equal the uncached call up to floating point rounding.
+        """
         cfg = self.cfg
         if token.dim() != 2 or prompt_token.dim() != 2 or token.shape[0] != prompt_token.shape[0]:
             raise FlowInputError(
@@ -276,16 +287,18 @@ class Flow(nn.Module):
         out_len = [t - f for t, f in zip(frames, f_len, strict=True)]
         out_pos = torch.arange(max(out_len), device=device).unsqueeze(0)  # [1, Mmax]
         out_valid = (out_pos < torch.tensor(out_len, device=device)[:, None])[:, :, None]  # [B, Mmax, 1]
-        feat = self.decoder.solve(
-            mu,
-            cond,
-            spk,
-            frames,
-            stream,
-            n_timesteps=cfg.n_timesteps if n_timesteps is None else n_timesteps,
-            cfg_rate=cfg_rate,
-            temperature=temperature,
-        )  # [B, T, 80] fp32
+        steps = cfg.n_timesteps if n_timesteps is None else n_timesteps
+        feat = None
+        if caches is not None:
+            skip = [0] * batch if skip_frames is None else _row_ints(skip_frames, batch, "skip_frames")
+            feat = solve_with_caches(
+                self, mu, cond, spk, frames, stream, fin, p_len, f_len, list(caches), skip,
+                n_timesteps=steps, cfg_rate=cfg_rate, temperature=temperature,
+            )  # fmt: skip
+        if feat is None:
+            feat = self.decoder.solve(
+                mu, cond, spk, frames, stream, n_timesteps=steps, cfg_rate=cfg_rate, temperature=temperature
+            )  # [B, T, 80] fp32
 
         # Row b's output is frames F_b .. frames_b - 1: [B, Mmax, 80] by one gather, zero past M_b.
         index = (out_pos + f_b).clamp(max=t_max - 1)  # [B, Mmax]

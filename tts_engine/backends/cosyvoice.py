@@ -35,6 +35,15 @@ captured at start-up; its scratch KV slot is planned with the weights, and its g
 step's activations, far below a flow hop's) fits the per-row reserve. Elsewhere the flag is ignored with
 a warning. Not yet measured on a GPU, hence off by default.
 
+Flow cache (``flow_cache=True``, the default): complete flow chunks are computed once and reused
+(cosyvoice/flow/chunk_cache.py): each voice's prompt chunks that depend on the voice alone (taken from
+its first stream, shared by every later one, dropped when the voice is removed or overwritten) and each
+stream's own chunks across its hops. Exact up to floating point rounding. Its bytes come from the
+memory plan (``flow_cache_mib``, else what the plan leaves; ``DEFAULT_FLOW_CACHE_MIB`` without a
+budget); least recently used voice prefixes are evicted first, and a stream that finds no room
+recomputes. ``final_pass="streaming"`` keeps the chunk mask for a request's closing flow call too, so
+that call computes only its new frames (not upstream's numbers: docs/gpu-sharing.md says how far).
+
 ``torch_compile=True`` compiles the flow estimator's step and the vocoder with inductor
 (``cosyvoice.compile.compile_token2wav``; the first hops of each shape class pay the compile).
 
@@ -57,6 +66,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from cosyvoice.flow.chunk_cache import FlowCacheManager
 from cosyvoice.frontend.speaker import SpeakerError, SpeakerRecord
 from cosyvoice.graph_decode import GraphDecodeRunner
 from cosyvoice.llm import LLMInputError, LLMRequest, LLMRunner
@@ -78,6 +88,8 @@ SAMPLE_RATE = 24000
 DEFAULT_MAX_BATCH = 16
 DEFAULT_MAX_LLM_LEN = 4096
 DEFAULT_MAX_TEXT_CHARS = 2000
+DEFAULT_FLOW_CACHE_MIB = 2048  # flow cache without a memory budget
+MIB = 1 << 20
 
 
 _DTYPES = {
@@ -165,7 +177,14 @@ class CosyVoiceBackend(Backend):
         max_hop_rows: int | None = None,
         cuda_graphs: bool = False,
         torch_compile: bool = False,
+        flow_cache: bool = True,
+        flow_cache_mib: float | None = None,
+        final_pass: str = "exact",
     ) -> None:
+        if final_pass not in ("exact", "streaming"):
+            raise ValueError(f"final_pass must be 'exact' or 'streaming', got {final_pass!r}")
+        if flow_cache_mib is not None and flow_cache_mib < 0:
+            raise ValueError(f"flow_cache_mib must be >= 0 or None, got {flow_cache_mib!r}")
         if llm_backend not in ("native", "vllm"):
             raise ValueError(f"llm_backend must be 'native' or 'vllm', got {llm_backend!r}")
         if max_batch_size < 1 or max_llm_len < 1 or max_text_chars < 1:
@@ -204,6 +223,9 @@ class CosyVoiceBackend(Backend):
                     model, model.llm.speech_embedding.weight.element_size()
                 ),
                 max_batch_size=max_batch_size,
+                flow_cache_bytes=(
+                    0 if not flow_cache else None if flow_cache_mib is None else int(flow_cache_mib * MIB)
+                ),
             )
             max_batch_size = self.memory_plan.num_slots
             log.info("cosyvoice memory plan: %s", self.memory_plan)
@@ -240,6 +262,15 @@ class CosyVoiceBackend(Backend):
 
             self.compiled = compile_token2wav(model.token2wav, backend="inductor")
         self.stepper = BatchedStep(self.runner, model.token2wav, max_hop_rows=max_hop_rows)
+        self.flow_cache: FlowCacheManager | None = None
+        if flow_cache:
+            if self.memory_plan is not None:
+                limit = self.memory_plan.flow_cache_bytes
+            else:
+                limit = int((DEFAULT_FLOW_CACHE_MIB if flow_cache_mib is None else flow_cache_mib) * MIB)
+            self.flow_cache = FlowCacheManager(limit)
+            log.info("cosyvoice flow cache: %.0f MiB", limit / MIB)
+        self.final_pass = final_pass  # both per stream: the model may be shared by several backends
 
     # -- voices --------------------------------------------------------------------------------
 
@@ -268,13 +299,22 @@ class CosyVoiceBackend(Backend):
             if cache is not None:
                 _save_record(record, cache)
         try:
-            self._voices[preset.name] = _Voice(self.model, record, preset.instruct)
+            voice = _Voice(self.model, record, preset.instruct)
         except SpeakerError as exc:
             raise VoiceError(f"voice {preset.name!r}: {exc}") from exc
+        self._forget_flow_prefix(self._voices.get(preset.name))  # overwritten: its prefix is stale
+        self._voices[preset.name] = voice
 
     def remove_voice(self, name: str) -> None:
-        if self._voices.pop(name, None) is None:
+        voice = self._voices.pop(name, None)
+        if voice is None:
             raise VoiceError(f"voice {name!r} is not loaded in the cosyvoice backend")
+        self._forget_flow_prefix(voice)
+
+    def _forget_flow_prefix(self, voice: _Voice | None) -> None:
+        """Drop a voice's cached prompt chunks (streams already using them keep their reference)."""
+        if voice is not None and self.flow_cache is not None:
+            self.flow_cache.drop_voice(voice.flow_prompt)
 
     def _load_cached(self, path: Path | None) -> SpeakerRecord | None:
         if path is None or not path.is_file():
@@ -300,7 +340,7 @@ class CosyVoiceBackend(Backend):
         prepared = self._voices.get(voice)
         if prepared is None:
             raise VoiceError(f"unknown voice {voice!r}; loaded: {', '.join(self.voices()) or 'none'}")
-        return self._open(text, prepared, speed, instruct or prepared.instruct, voice)
+        return self._open(text, prepared, speed, instruct or prepared.instruct, voice, shared=True)
 
     def open_zero_shot_stream(
         self, text: str, prompt: PromptAudio, prompt_text: str, speed: float, instruct: str | None = None
@@ -312,14 +352,16 @@ class CosyVoiceBackend(Backend):
         return self._open(text, prepared, speed, instruct, "zero-shot")
 
     def _open(
-        self, text: str, voice: _Voice, speed: float, instruct: str | None, name: str
+        self, text: str, voice: _Voice, speed: float, instruct: str | None, name: str, *, shared: bool = False
     ) -> CosyVoiceStream:
         if len(text) > self.max_text_chars:
             raise ValueError(f"text is {len(text)} characters, the limit is {self.max_text_chars}")
         if speed <= 0:
             raise ValueError(f"speed must be positive, got {speed}")
         model = self.model
-        pieces = [p for p in prepare_tts_texts(text.strip(), model.tokenizer.encode) if p.strip()]
+        # numbers, dates, units were read out by the engine's text normaliser (tts.text_normalization)
+        texts = prepare_tts_texts(text.strip(), model.tokenizer.encode, spell_numbers=False)
+        pieces = [p for p in texts if p.strip()]
         mode = "instruct" if instruct else "zero_shot"
         num_prompt = int(voice.flow_prompt.prompt_token.shape[0])
         segments = []
@@ -336,7 +378,9 @@ class CosyVoiceBackend(Backend):
             self._fit_cache(llm)
             t2w = model.token2wav
             if speed == 1:
-                wave = t2w.stream(voice.flow_prompt)
+                wave = t2w.stream(
+                    voice.flow_prompt, share_prompt=shared, flow_cache=self.flow_cache, final_pass=self.final_pass
+                )
             else:
                 wave = SpeedScaledStream(t2w, voice.flow_prompt, speed=speed)
             segments.append(Segment(piece, llm, wave))
@@ -366,6 +410,7 @@ class CosyVoiceBackend(Backend):
         for segment in stream.segments:
             if segment.llm.slot is not None or not segment.llm.finished:
                 self.runner.abort(segment.llm)
+            segment.wave.close()  # its flow chunk cache goes back to the budget
         self._streams.discard(id(stream))
 
     @property
@@ -395,12 +440,15 @@ class CosyVoiceBackend(Backend):
         }
         if self.memory_plan is not None:
             stats.update(self.memory_plan.as_stats())
+        if self.flow_cache is not None:
+            stats.update(self.flow_cache.stats())
         if self.device.type == "cuda":
             stats["memory_used_bytes"] = torch.cuda.memory_allocated(self.device)
             stats["memory_peak_bytes"] = torch.cuda.max_memory_allocated(self.device)
         else:
             kv = kv_cache_bytes(self.model, max_batch=self.max_batch_size, max_len=self.max_llm_len)
-            stats["memory_used_bytes"] = self.weights_bytes + kv  # the KV pool is allocated whole at start-up
+            cache = 0 if self.flow_cache is None else self.flow_cache.used_bytes
+            stats["memory_used_bytes"] = self.weights_bytes + kv + cache  # the KV pool is allocated whole
         return stats
 
     # -- one scheduler step --------------------------------------------------------------------
@@ -428,6 +476,8 @@ class CosyVoiceBackend(Backend):
 
     def close(self) -> None:
         self._voices.clear()
+        if self.flow_cache is not None:
+            self.flow_cache.clear()
 
 
 def _save_record(record: SpeakerRecord, path: Path) -> None:

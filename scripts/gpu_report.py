@@ -1,0 +1,380 @@
+"""Every GPU measurement of the project in one command, written to one markdown report.
+
+    python scripts/gpu_report.py OUTDIR [--model-dir DIR] [--budget-s 1800] [--streams 1,4,8,16,32,64]
+                                 [--keep-model] [--allow-cpu --quick] [--fail-step KEY]
+
+On a machine with a CUDA GPU it runs, one subprocess each and in this order: the model (``--model-dir``, or a
+random-weight model with the Fun-CosyVoice3-0.5B dimensions written by scripts/make_tiny_model.py
+``--preset full`` into a temporary directory), single-stream per-stage timing and first-chunk latency in bf16
+and fp32 (bench_cosyvoice.py), bench_engine.py over ``--streams`` in bf16 with the flow cache on (plus the
+one-at-a-time baseline) and off, with ``--cuda-graphs`` and with ``--torch-compile``, the flow cache's
+on-vs-off workload of issue 18 (``--flow-cache compare``), check_precision.py, measure_activations.py
+``--device cuda`` and the memory plan against ``torch.cuda.max_memory_allocated`` (gpu_report_memory.py).
+The flow-cache runs are used only when bench_engine.py has ``--flow-cache`` (read from its ``--help``);
+otherwise they are recorded as skipped.
+
+The report, ``OUTDIR/YYYY-MM-DD-<device>.md``, holds the date, device, driver and CUDA versions, torch
+and package versions, the git commit, which model, each step's exact command, status and output (the
+tables), and a pivot of bench_engine's aggregate audio/s and first-chunk p95. It is rewritten after every
+step, so a killed run leaves a partial report; each step's full output is in ``<report>.logs/``. Each step
+has its own time limit, a share of what is left of ``--budget-s`` (default 30 minutes) by weight, and a
+step that fails or runs out of time is recorded and the next one runs.
+
+Without CUDA it refuses (exit 2), unless ``--allow-cpu --quick`` is given: a smoke run of every step on the
+CPU with the tiny preset, 1-2 streams and a few tokens (what tests/test_gpu_report.py runs); the steps that
+need CUDA are recorded as skipped with the reason. ``--fail-step KEY`` replaces one step's command with one
+that fails (to test the report). Exit status: 0 all steps ok or skipped, 1 some step failed or timed out,
+2 refused. This driver imports only the standard library; the steps need torch, numpy, tokenizers,
+safetensors, pyyaml and onnxruntime, nothing of the web stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from scripts.gpu_report_markdown import render  # noqa: E402
+from scripts.gpu_report_steps import FULL_STREAMS, Options, Step, build_steps  # noqa: E402
+
+PACKAGES = ("torch", "onnxruntime", "tokenizers", "safetensors", "transformers", "numpy")
+PROBE = """
+import json, platform, torch
+info = {"python": platform.python_version(), "torch": torch.__version__, "cuda_runtime": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available()}
+if info["cuda_available"]:
+    p = torch.cuda.get_device_properties(0)
+    info.update(device=p.name, count=torch.cuda.device_count(), total_gib=round(p.total_memory / 2**30, 1),
+                capability=f"{p.major}.{p.minor}", cudnn=torch.backends.cudnn.version())
+print(json.dumps(info))
+"""
+PROBE_TIMEOUT_S = 180.0
+KILL_GRACE_S = 10.0
+
+
+class Interrupted(Exception):
+    """SIGTERM or Ctrl-C while a step ran."""
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("outdir", type=Path, help="where the report (and its logs folder) is written")
+    parser.add_argument("--model-dir", type=Path, default=None, help="real model (default: random full-size)")
+    parser.add_argument("--budget-s", type=float, default=None, help="total time (default 1800; quick 600)")
+    parser.add_argument("--streams", default=FULL_STREAMS, help="bench_engine concurrency levels")
+    parser.add_argument("--keep-model", action="store_true", help="keep the generated random-weight model")
+    parser.add_argument("--allow-cpu", action="store_true", help="with --quick: a CPU smoke run (no GPU)")
+    parser.add_argument("--quick", action="store_true", help="tiny preset, 1-2 streams, few tokens")
+    parser.add_argument(
+        "--fail-step", default=None, help="replace this step's command by a failing one (tests)"
+    )
+    return parser.parse_args(argv)
+
+
+def _run_text(argv: list[str], timeout: float) -> str:
+    try:
+        done = subprocess.run(
+            argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"unavailable ({exc.__class__.__name__})"
+    return done.stdout.strip() if done.returncode == 0 else f"unavailable (exit {done.returncode})"
+
+
+def probe_torch() -> dict[str, object]:
+    """torch, CUDA and the first device, read in a subprocess (this process never imports torch)."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", PROBE],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"the torch probe took over {PROBE_TIMEOUT_S:.0f} s"}
+    if done.returncode != 0:
+        return {"error": (done.stderr.strip().splitlines() or ["torch probe failed"])[-1]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def flow_cache_features(help_text: str) -> tuple[bool, bool]:
+    """Whether bench_engine.py's ``--help`` offers ``--flow-cache`` and its ``compare`` mode."""
+    flag = re.search(r"--flow-cache\b", help_text) is not None
+    compare = re.search(r"--flow-cache[^\n]*\bcompare\b|\{[^}]*\bcompare\b[^}]*\}", help_text) is not None
+    return flag, flag and compare
+
+
+def bench_engine_features() -> tuple[bool, bool]:
+    """:func:`flow_cache_features` of the bench_engine.py in this checkout."""
+    script = str(REPO_ROOT / "scripts" / "bench_engine.py")
+    return flow_cache_features(_run_text([sys.executable, script, "--help"], PROBE_TIMEOUT_S))
+
+
+def describe(
+    info: dict[str, object], opts: Options, args: argparse.Namespace, report: Path
+) -> dict[str, str]:
+    cuda = opts.device == "cuda"
+    smi = "unavailable (no nvidia-smi)"
+    if shutil.which("nvidia-smi"):
+        smi = _run_text(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"], 30
+        ).replace("\n", "; ")
+    git = _run_text(["git", "rev-parse", "HEAD"], 10)
+    status = _run_text(["git", "status", "--porcelain", "--untracked-files=no"], 10)
+    if not git.startswith("unavailable") and not status.startswith("unavailable"):
+        changed = len(status.splitlines())
+        git += f" ({changed} tracked files changed)" if changed else " (clean)"
+    packages = []
+    for name in PACKAGES:
+        try:
+            packages.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            packages.append(f"{name} (not installed)")
+    if cuda:
+        device = f"{info['device']} (x{info['count']}, {info['total_gib']} GiB, compute capability {info['capability']})"
+    else:
+        device = "CPU (no CUDA device)"
+    if opts.generate_model:
+        model = (
+            f"random weights, {opts.preset}-preset architecture (scripts/make_tiny_model.py --preset "
+            f"{opts.preset} --seed 0), written to {opts.model_dir}"
+        )
+    else:
+        model = f"the model directory {opts.model_dir}"
+    mode = "full" if not opts.quick else "quick smoke run (tiny preset, 1-2 streams, few tokens)"
+    if not cuda:
+        mode += " on the CPU (--allow-cpu): not a GPU measurement"
+    return {
+        "device": device,
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "mode": mode,
+        "nvidia-smi (name, driver, memory)": smi,
+        "torch / CUDA runtime / cuDNN": f"{info.get('torch')} / {info.get('cuda_runtime')} / {info.get('cudnn', '-')}",
+        "python": str(info.get("python")),
+        "packages": ", ".join(packages),
+        "git commit": git,
+        "model": model,
+        "flow cache in bench_engine.py": (
+            ("--flow-cache on|off" + (" and compare" if opts.flow_cache_compare else ""))
+            if opts.flow_cache_flag
+            else "not available (no --flow-cache flag)"
+        ),
+        "time budget": f"{args.budget_s:.0f} s",
+        "command": shlex.join(["python", "scripts/gpu_report.py", *sys.argv[1:]]),
+        "full logs": str(report.with_suffix(".logs")),
+    }
+
+
+def report_path(outdir: Path, device: str, quick: bool) -> Path:
+    slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") or "gpu"
+    stem = f"{dt.datetime.now(dt.UTC):%Y-%m-%d}-{slug}" + ("-quick" if quick else "")
+    path, n = outdir / f"{stem}.md", 2
+    while path.exists():
+        path, n = outdir / f"{stem}-{n}.md", n + 1
+    return path
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    for sig, wait_s in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_step(step: Step, log_path: Path, timeout: float) -> None:
+    """Run one step in its own process group, its output to ``log_path``; never raises for its failure."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    start = time.perf_counter()
+    with log_path.open("wb") as log:
+        try:
+            proc = subprocess.Popen(
+                step.argv(),
+                cwd=REPO_ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            step.status, step.output = "failed", f"could not start: {exc}"
+            return
+        try:
+            step.returncode = proc.wait(timeout=timeout)
+            step.status = "ok" if step.returncode == 0 else "failed"
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            step.status = "timed out"
+        except BaseException:
+            _kill_group(proc)
+            step.status, step.note = "failed", (step.note + " " if step.note else "") + "interrupted"
+            raise
+        finally:
+            step.seconds = time.perf_counter() - start
+            step.output = log_path.read_text(encoding="utf-8", errors="replace")
+
+
+def step_timeout(step: Step, steps: list[Step], remaining: float) -> float | None:
+    """This step's share of the time left by weight (at least its ``min_s``); None: not enough left."""
+    if remaining < step.min_s:
+        return None
+    weights = sum(s.weight for s in steps if s.status == "pending")
+    return min(remaining, max(step.min_s, remaining * step.weight / weights))
+
+
+def _run_steps(
+    steps: list[Step], header: dict[str, str], report: Path, budget_s: float, start: float
+) -> None:
+    logs = report.with_suffix(".logs")
+    logs.mkdir(parents=True, exist_ok=True)
+    have_model = True
+    for step in steps:
+        if step.status != "pending":
+            continue
+        if step.needs_model and not have_model:
+            step.status, step.skip_reason = "skipped", "no model: the model step did not finish"
+            continue
+        remaining = budget_s - (time.perf_counter() - start)
+        timeout = step_timeout(step, steps, remaining)
+        if timeout is None:
+            step.status = "skipped"
+            step.skip_reason = (
+                f"time budget spent ({max(0.0, remaining):.0f} s left, needs {step.min_s:.0f} s)"
+            )
+            continue
+        step.status, step.timeout_s = "running", timeout
+        write_atomic(report, render(header, steps, f"in progress (running: {step.title})"))
+        print(f"[{time.perf_counter() - start:6.0f} s] {step.key}: limit {timeout:.0f} s", flush=True)
+        run_step(step, logs / f"{step.key}.log", timeout)
+        print(f"[{time.perf_counter() - start:6.0f} s] {step.key}: {step.status}", flush=True)
+        if step.key == "model" and step.status != "ok":
+            have_model = False
+        write_atomic(report, render(header, steps, "in progress"))
+
+
+def run_all(steps: list[Step], header: dict[str, str], report: Path, budget_s: float, start: float) -> int:
+    """Run the steps in order, rewriting ``report`` after each; 1 when a step failed or timed out."""
+    for step in steps:
+        if step.skip_reason:
+            step.status = "skipped"
+    try:
+        write_atomic(report, render(header, steps, "in progress"))
+        _run_steps(steps, header, report, budget_s, start)
+    except (Interrupted, KeyboardInterrupt):
+        write_atomic(report, render(header, steps, "interrupted"))
+        raise
+    header["time budget"] = f"{budget_s:.0f} s, used {time.perf_counter() - start:.0f} s"
+    bad = [s.key for s in steps if s.status in ("failed", "timed out")]
+    state = "complete" + (f"; failed or timed out: {', '.join(bad)}" if bad else "; every step ok or skipped")
+    write_atomic(report, render(header, steps, state))
+    return 1 if bad else 0
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Interrupted(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    start = time.perf_counter()
+    args = _parse_args(argv)
+    if args.allow_cpu and not args.quick:
+        print("gpu_report: --allow-cpu runs only the --quick smoke version; add --quick", file=sys.stderr)
+        return 2
+    if not re.fullmatch(r"\d+(,\d+)*", args.streams) or "0" in args.streams.split(","):
+        print(
+            f"gpu_report: --streams must be comma-separated counts >= 1, got {args.streams!r}",
+            file=sys.stderr,
+        )
+        return 2
+    if args.model_dir is not None and not (args.model_dir / "cosyvoice3.yaml").is_file():
+        print(
+            f"gpu_report: {args.model_dir} is not a CosyVoice3 model directory (no cosyvoice3.yaml)",
+            file=sys.stderr,
+        )
+        return 2
+    info = probe_torch()
+    cuda = bool(info.get("cuda_available"))
+    if not cuda and not args.allow_cpu:
+        why = info.get("error") or "torch.cuda.is_available() is False"
+        print(
+            f"gpu_report: no CUDA GPU ({why}). This report measures a GPU; run it on a machine with CUDA, "
+            "or pass --allow-cpu --quick for a CPU smoke run of the steps.",
+            file=sys.stderr,
+        )
+        return 2
+    if "error" in info:
+        print(f"gpu_report: torch does not load: {info['error']}", file=sys.stderr)
+        return 2
+    args.budget_s = args.budget_s or (600.0 if args.quick else 1800.0)
+    tmp_root = None
+    if args.model_dir is None:
+        tmp_root = Path(tempfile.mkdtemp(prefix="gpu-report-model-"))
+    flow_flag, flow_compare = bench_engine_features()
+    opts = Options(
+        device="cuda" if cuda else "cpu",
+        quick=args.quick,
+        model_dir=args.model_dir or tmp_root / "model",
+        generate_model=args.model_dir is None,
+        preset="tiny" if args.quick else "full",
+        streams=args.streams,
+        flow_cache_flag=flow_flag,
+        flow_cache_compare=flow_compare,
+        fail_step=args.fail_step,
+    )
+    try:
+        steps = build_steps(opts)
+    except ValueError as exc:
+        print(f"gpu_report: {exc}", file=sys.stderr)
+        if tmp_root is not None:
+            shutil.rmtree(tmp_root, ignore_errors=True)
+        return 2
+    args.outdir.mkdir(parents=True, exist_ok=True)
+    report = report_path(args.outdir, str(info.get("device", "cpu")) if cuda else "cpu", args.quick)
+    header = describe(info, opts, args, report)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        print(f"gpu_report: writing {report}", flush=True)
+        code = run_all(steps, header, report, args.budget_s, start)
+    except (Interrupted, KeyboardInterrupt):
+        print(f"gpu_report: interrupted; partial report in {report}", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if tmp_root is not None and not args.keep_model:
+            shutil.rmtree(tmp_root, ignore_errors=True)
+        elif tmp_root is not None:
+            print(f"gpu_report: the generated model is kept in {opts.model_dir}")
+    print(f"gpu_report: {report} ({'every step ok or skipped' if code == 0 else 'some steps failed'})")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
