@@ -106,8 +106,9 @@ def spell_numbers_zh(text: str) -> str:
     text = re.sub(r"(?<!\d)(\d{1,2}):(\d{2})(?!\d)", lambda m: _zh_time(m[1], m[2]), text)
     text = re.sub(r"[¥￥]" + number, lambda m: _zh_decimal(m[1], m[2]) + "元", text)
     text = re.sub(r"\$" + number, lambda m: _zh_decimal(m[1], m[2]) + "美元", text)
-    text = re.sub(number + r"[%％]", lambda m: "百分之" + _zh_decimal(m[1], m[2]), text)
-    text = re.sub(r"(\d+)\.(\d+)", lambda m: _zh_decimal(m[1], m[2]), text)
+    # (?<!\d): tried once per digit run, not at each digit (quadratic on a long run, same matches)
+    text = re.sub(r"(?<!\d)" + number + r"[%％]", lambda m: "百分之" + _zh_decimal(m[1], m[2]), text)
+    text = re.sub(r"(?<!\d)(\d+)\.(\d+)", lambda m: _zh_decimal(m[1], m[2]), text)
     text = re.sub(r"(\d{2,4})(?=年)", lambda m: zh_digits(m[1]), text)
     return re.sub(r"\d+", lambda m: _zh_number(m[0]), text)
 
@@ -187,8 +188,8 @@ def spell_numbers_en(text: str) -> str:
     number = r"(\d+)(?:\.(\d+))?"
     text = re.sub(r"(?<!\d)(\d{1,2}):(\d{2})(?!\d)", lambda m: _en_time(m[1], m[2]), text)
     text = re.sub(r"\$" + number, lambda m: _en_decimal(m[1], m[2]) + " dollars", text)
-    text = re.sub(number + "%", lambda m: _en_decimal(m[1], m[2]) + " percent", text)
-    text = re.sub(r"(\d+)\.(\d+)", lambda m: _en_decimal(m[1], m[2]), text)
+    text = re.sub(r"(?<!\d)" + number + "%", lambda m: _en_decimal(m[1], m[2]) + " percent", text)
+    text = re.sub(r"(?<!\d)(\d+)\.(\d+)", lambda m: _en_decimal(m[1], m[2]), text)
     text = re.sub(
         r"(?<!\d)(\d{1,9})(?:st|nd|rd|th)\b", lambda m: english_ordinal(int(m[1])), text, flags=re.IGNORECASE
     )

@@ -9,11 +9,12 @@ Prompt layouts (the v3 LLM input is ``sos, embed(prompt_text ++ text), task_id, 
 * instruct: prompt_text = ``"You are a helpful assistant. " + instruction + "<|endofprompt|>"`` (with
   a space), no prompt speech for the LLM.
 
-Normalisation follows the upstream frontend's order of steps, but its number/date rules come from our
-own small normaliser (:mod:`cosyvoice.numbers`) instead of wetext/inflect: times, currency, percent,
-decimals, years, ordinals and integers are spelled out; other wetext rules (dates as 月/日 words,
-units, abbreviations, negative numbers, math) are not reproduced. Texts containing both ``<|`` and
-``|>`` are never normalised or split, exactly as upstream, so every v3 prompt passes through intact.
+Normalisation follows the upstream frontend's order of steps. Its first step, reading numbers, dates,
+units... as words (wetext upstream), is :mod:`cosyvoice.text_normalization` (wetext, or our basic
+:mod:`cosyvoice.numbers`); the TTS engine applies it to every request before the backend sees the
+text, so the backend calls these functions with ``spell_numbers=False``. Called directly (scripts,
+:mod:`cosyvoice.model`), they spell numbers with the basic normaliser. Texts containing both ``<|``
+and ``|>`` are never normalised or split, exactly as upstream, so every v3 prompt passes through intact.
 """
 
 from __future__ import annotations
@@ -156,8 +157,8 @@ def _remove_blanks_between_non_ascii(text: str) -> str:
     return "".join(kept)
 
 
-def _normalize_chinese(text: str) -> str:
-    text = spell_numbers_zh(text).replace("\n", "")
+def _normalize_chinese(text: str, spell_numbers: bool) -> str:
+    text = (spell_numbers_zh(text) if spell_numbers else text).replace("\n", "")
     text = _remove_blanks_between_non_ascii(text)
     text = text.replace("²", "平方").replace("³", "立方")
     text = text.replace(".", "。").replace(" - ", "，")
@@ -167,12 +168,17 @@ def _normalize_chinese(text: str) -> str:
     return re.sub(r"[，,、]+$", "。", text)
 
 
-def normalize_text(text: str) -> str:
-    """Normalise one tts text (no splitting); texts with ``<|...|>`` markup are returned unchanged."""
+def normalize_text(text: str, *, spell_numbers: bool = True) -> str:
+    """Normalise one tts text (no splitting); texts with ``<|...|>`` markup are returned unchanged.
+
+    ``spell_numbers=False`` skips the basic number reading (the text was normalised before).
+    """
     if ("<|" in text and "|>" in text) or not text:
         return text
     text = text.strip()
-    return _normalize_chinese(text) if contains_chinese(text) else spell_numbers_en(text)
+    if contains_chinese(text):
+        return _normalize_chinese(text, spell_numbers)
+    return spell_numbers_en(text) if spell_numbers else text
 
 
 def split_paragraph(
@@ -225,15 +231,17 @@ def split_paragraph(
     return segments
 
 
-def prepare_tts_texts(text: str, encode: Callable[[str], Sequence[int]]) -> list[str]:
+def prepare_tts_texts(
+    text: str, encode: Callable[[str], Sequence[int]], *, spell_numbers: bool = True
+) -> list[str]:
     """The upstream frontend's tts-text pipeline: normalise, split, drop punctuation-only segments.
 
     A text with ``<|...|>`` markup (every cross-lingual text) or an empty text comes back as the
-    single unchanged segment.
+    single unchanged segment. ``spell_numbers=False``: see :func:`normalize_text`.
     """
     if ("<|" in text and "|>" in text) or not text:
         return [text]
-    normalized = normalize_text(text)
+    normalized = normalize_text(text, spell_numbers=spell_numbers)
     lang = "zh" if contains_chinese(normalized) else "en"
     segments = split_paragraph(normalized, lang=lang, encode=encode)
     return [segment for segment in segments if not is_only_punctuation(segment)]

@@ -153,6 +153,8 @@ class TTSConfig(_Section):
     max_pending_requests: int = Field(256, ge=1)
     max_buffered_chunks: int = Field(8, ge=1)
     cpu_threads: int = Field(0, ge=0, le=256)
+    # numbers, dates, units... read out before the backend gets the text (cosyvoice/text_normalization.py)
+    text_normalization: Literal["wetext", "basic", "off"] = "wetext"
 
 
 class VADConfig(_Section):

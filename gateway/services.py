@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from cosyvoice.text_normalization import TextNormalizer
 from gateway.asr import ASR, create_asr
 from gateway.config import Config, EngineConfig, GPUConfig, LLMConfig, TTSConfig
 from gateway.llm.base import ChatLLM
@@ -155,6 +156,8 @@ class Services:
                 max_pending_requests=config.tts.max_pending_requests,
                 max_buffered_chunks=config.tts.max_buffered_chunks,
                 max_queue_wait_s=config.engine.max_queue_wait_s,
+                # built here, at start-up: the wetext FSTs load once per process, not at the first request
+                text_normalizer=TextNormalizer(config.tts.text_normalization),
             )
         services = cls(
             config=config,

@@ -16,6 +16,12 @@ the thread when it takes a chunk at that bound. Aborts that arrive during a step
 its output is handed out, so an aborted request's chunks are never delivered. A step's audio is
 resampled and converted to int16 in batches on the backend's device (tts_engine/postprocess.py).
 
+Text: every request's text (device turns and the API alike enter here) goes through
+``text_normalizer`` (``tts.text_normalization``: numbers, dates, units... as words; built once at
+start-up) in the engine thread just before the backend opens the stream, unless the backend
+``reads_raw_text`` (espeak). wetext costs about 2 ms a sentence with numbers: on the event loop a
+burst of turns would stall every device's pacing in one block; here it interleaves with it.
+
 Voices: ``add_voice()``/``remove_voice()`` (and the voice preparation of ``synthesize_zero_shot()``)
 run their backend call in the engine thread too, through the inbox as a ``_Call``, so they never race
 a step; ``voices``/``default_voice`` are refreshed from the backend after each such call.
@@ -63,12 +69,15 @@ class TTSEngine(EngineThread):
         max_pending_requests: int = 256,
         max_buffered_chunks: int = 8,
         max_queue_wait_s: float | None = 30.0,
+        text_normalizer: Callable[[str], str] | None = None,
     ):
+        """``text_normalizer`` rewrites each request's text before the backend gets it (None: as is)."""
         if max_pending_requests < 1:
             raise ValueError(f"max_pending_requests must be >= 1, got {max_pending_requests}")
         if max_buffered_chunks < 1:
             raise ValueError(f"max_buffered_chunks must be >= 1, got {max_buffered_chunks}")
         self._backend = backend
+        self._normalize_text = None if backend.reads_raw_text else text_normalizer
         self.max_pending_requests = max_pending_requests
         self.max_buffered_chunks = max_buffered_chunks
         self._voices = list(backend.voices())
@@ -126,6 +135,13 @@ class TTSEngine(EngineThread):
         return self._backend.supports_cloning
 
     @property
+    def text_normalization(self) -> str:
+        """The normaliser's mode (wetext, basic, off), "off" when none applies to this backend."""
+        if self._normalize_text is None:
+            return "off"
+        return str(getattr(self._normalize_text, "mode", "custom"))
+
+    @property
     def is_running(self) -> bool:
         return self._thread is not None and not self._is_closed
 
@@ -151,6 +167,7 @@ class TTSEngine(EngineThread):
             "voices": self.voices,
             "default_voice": self.default_voice,
             "supports_cloning": self.supports_cloning,
+            "text_normalization": self.text_normalization,
             "state": self._state(),
             "live_requests": stats["live"],
             "open_streams": len(self._streams),

@@ -87,6 +87,7 @@ class EngineThread:
     _num_received: int
     _is_shutting_down: bool
     _crash: BaseException | None
+    _normalize_text: Callable[[str], str] | None  # tts.text_normalization; None: the text as written
     max_queue_wait_s: float | None
 
     def _finish_call(self, outcome: tuple[asyncio.Future[Any], Any, BaseException | None, Any]) -> None:
@@ -158,6 +159,8 @@ class EngineThread:
 
     def _open_backend_stream(self, request: EngineRequest) -> Any:
         backend = self._backend
+        if self._normalize_text is not None:  # here, not on the event loop that paces every device's audio
+            request.text = self._normalize_text(request.text)
         instruct = request.instruct if backend.supports_instruct else None
         if request.prompt_audio is not None:
             return backend.open_zero_shot_stream(

@@ -56,6 +56,8 @@ class Backend(ABC):
     """``add_voice()``, ``remove_voice()`` and ``open_zero_shot_stream()`` work."""
     supports_instruct: bool = False
     """``open_stream()`` takes ``instruct``; without it the engine drops the instruction."""
+    reads_raw_text: bool = False
+    """The backend reads digits and symbols itself: the engine's text normaliser is not applied."""
 
     @abstractmethod
     def voices(self) -> list[str]:

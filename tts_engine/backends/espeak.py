@@ -224,6 +224,9 @@ class EspeakBackend(Backend):
     # Every open stream joins every step: one that is not ready costs a poll, and a stream whose audio is
     # ready must never wait outside the batch while the top-ranked streams are still synthesising.
     max_batch_size = 1024
+    # espeak-ng reads digits itself, in both voices; the Chinese normaliser's output would make it worse:
+    # its cmn dictionary lacks many of the characters it writes (三, 零, 点, 千 are spelled in English).
+    reads_raw_text = True
 
     def __init__(
         self,
