@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from gateway import device_socket, ota
 from gateway.api import include_api
 from gateway.config import Config
+from gateway.console import include_console
 from gateway.device_tokens import DeviceAuth
 from gateway.http_guard import HttpGuard
 from gateway.log_redaction import install_log_redaction
@@ -51,7 +52,8 @@ def create_app(config: Config, *, services: Services | None = None) -> FastAPI:
     app.include_router(ota.router)
     app.include_router(device_socket.router)
 
-    include_api(app)  # /v1/health, /v1/tts..., /v1/audio/speech, /tts, /v1/voices, /ws/tts
+    include_api(app)  # /v1/health, /v1/status, /v1/tts..., /v1/audio/speech, /tts, /v1/voices, /ws/tts
+    include_console(app)  # /console: the web console (public static page; its API calls carry the key)
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:

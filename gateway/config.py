@@ -188,6 +188,10 @@ class ASRConfig(_Section):
     max_batch_audio_s: float = Field(120, gt=0)
     max_queue: int = Field(64, ge=1)
     min_utterance_s: float = Field(0.5, ge=0, le=10)
+    # Server-side echo cancellation of the uplink against our own reply (gateway/aec). `auto`: for
+    # devices whose hello says features.aec (firmware built with CONFIG_USE_SERVER_AEC: the device
+    # leaves echo cancellation to the server). With it on, realtime mode barges in on speech onset.
+    aec: Literal["auto", "on", "off"] = "auto"
     not_configured_reply: str = "语音识别还没有配置，请直接输入文字。"
     vad: VADConfig = Field(default_factory=VADConfig)
 

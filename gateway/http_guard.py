@@ -23,7 +23,8 @@ Families and their caps:
 - Uploads (``/v1/voices``, ``/tts/zero_shot``): the text cap plus ``api.max_prompt_bytes``.
 - Every other path: ``api.max_text_chars`` JSON-escaped (12 bytes a character) plus 64 KiB.
 
-Public without a key: ``/v1/health``, ``/xiaozhi/...``, ``/metrics`` with ``api.public_metrics``,
+Public without a key: ``/v1/health``, ``/xiaozhi/...``, the web console's page and assets
+(``/console``, ``/console/...``: static files; its API calls carry the key), ``/metrics`` with ``api.public_metrics``,
 the docs (``/docs``, ``/redoc``, ``/openapi.json``) with ``api.public_docs``. Every other path needs
 a key, unknown ones included. WebSocket handshakes pass untouched: ``/ws/tts`` checks keys itself,
 the device socket its tokens.
@@ -46,6 +47,7 @@ from gateway.config import ApiConfig
 DEVICE_PREFIX = "/xiaozhi/"  # OTA (POST/GET /xiaozhi/ota/, /xiaozhi/ota/activate) and the socket's GET
 UPLOAD_PATHS = frozenset({"/v1/voices", "/tts/zero_shot"})
 HEALTH_PATH = "/v1/health"
+CONSOLE_PATH = "/console"  # the web console's page and, under it, its static assets (gateway/console.py)
 METRICS_PATH = "/metrics"
 BODY_OVERHEAD = 64 * 1024  # fields besides the text, multipart boundaries
 DRAIN_BYTES = 1 << 20  # the most of a refused body read (and dropped) so the client hears the answer
@@ -82,7 +84,9 @@ class HttpGuard:
         self.ota_cap = api.max_ota_body_bytes
 
     def needs_key(self, path: str) -> bool:
-        return bool(self.keys) and path not in self.public and not path.startswith(DEVICE_PREFIX)
+        if not self.keys or path in self.public or path.startswith(DEVICE_PREFIX):
+            return False
+        return not (path == CONSOLE_PATH or path.startswith(CONSOLE_PATH + "/"))
 
     def body_cap(self, path: str) -> int:
         if path.startswith(DEVICE_PREFIX):

@@ -100,6 +100,8 @@ class Listener:
         self._pre_roll = cfg.pre_roll_ms * SAMPLE_RATE // 1000
         self._max_samples = int(max_utterance_s * SAMPLE_RATE)
         self._muted_until = 0.0
+        # echo cancellation of decoded uplink audio (pcm, v2 timestamp) -> pcm; None: none
+        self.clean: Callable[[np.ndarray, int], np.ndarray] | None = None
         self.endpointing = True
         self.dropped_samples = 0
         self.bad_packets = 0
@@ -128,7 +130,7 @@ class Listener:
 
     # ---- audio -------------------------------------------------------------------
 
-    def push(self, packet: bytes) -> list[ListenEvent]:
+    def push(self, packet: bytes, *, timestamp_ms: int = 0) -> list[ListenEvent]:
         """Decode one uplink packet; returns the utterance boundaries it completes."""
         if not packet:
             return []
@@ -138,6 +140,11 @@ class Listener:
             self.bad_packets += 1
             log.debug("dropping undecodable uplink packet (%d bytes): %s", len(packet), exc)
             return []
+        if pcm.size and self.clean is not None:
+            try:
+                pcm = self.clean(pcm, timestamp_ms)  # also while muted: the canceller keeps adapting
+            except Exception:  # the canceller must never end the session: the frame goes on uncleaned
+                log.exception("echo cancellation failed on a %d-sample frame", pcm.size)
         if not pcm.size or self.muted:
             return []
         return self.push_pcm(pcm)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -10,6 +12,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+ERLE_BUCKETS = (0.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 35.0, 40.0, 50.0)
+AEC_DELAY_BUCKETS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.6, 0.8, 1.2)
+RECENT_FIRST_AUDIO = 512  # the last turns' first-audio latencies kept for the console's chart (GET /v1/status)
 
 
 class _EngineCollector(Collector):
@@ -39,6 +44,8 @@ class GatewayMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        # (wall-clock time, seconds) of the latest turns: the histogram cannot say *when*
+        self.recent_first_audio: deque[tuple[float, float]] = deque(maxlen=RECENT_FIRST_AUDIO)
         self.frames_sent = Counter("xz_frames_sent", "Downlink Opus frames sent", registry=r)
         self.frames_received = Counter("xz_frames_received", "Uplink Opus frames received", registry=r)
         self.underruns = Counter("xz_underruns", "Times a device ran out of audio mid-turn", registry=r)
@@ -51,6 +58,27 @@ class GatewayMetrics:
         self.utterance_overflow = Counter(
             "xz_utterance_overflow", "Uplink audio dropped at the utterance length bound", registry=r
         )
+        # server-side echo cancellation, one observation per session that ran it (no per-session labels)
+        self.aec_sessions = Counter(
+            "xz_aec_sessions", "Sessions with server-side AEC, by how they aligned", ["alignment"], registry=r
+        )
+        self.aec_erle_db = Histogram(
+            "xz_aec_erle_db",
+            "Echo return loss enhancement of a session while our reply played (dB)",
+            buckets=ERLE_BUCKETS,
+            registry=r,
+        )
+        self.aec_delay_seconds = Histogram(
+            "xz_aec_delay_seconds",
+            "Estimated echo delay of a session, from our play-time model to the uplink",
+            buckets=AEC_DELAY_BUCKETS,
+            registry=r,
+        )
+
+    def observe_first_audio(self, seconds: float) -> None:
+        """One turn's time from the query to its first audio frame: the histogram and the recent list."""
+        self.first_audio_seconds.observe(seconds)
+        self.recent_first_audio.append((time.time(), seconds))
 
     def watch_engine(self, stats: Callable[[], dict[str, Any]]) -> None:
         self.registry.register(_EngineCollector(stats))

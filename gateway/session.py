@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -27,6 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from audio_codecs.opus import OpusEncoder
+from gateway.aec import EchoCanceller, EchoReference
 from gateway.asr import ASRError, ASRNotConfigured
 from gateway.listener import Listener, ListenEvent, UtteranceEnded, UtteranceStarted
 from gateway.llm.conversation import Conversation
@@ -35,6 +37,7 @@ from gateway.services import Services
 from gateway.turns import Turns
 from gateway.xiaozhi import (
     Abort,
+    AudioOut,
     AudioParams,
     HandshakeInfo,
     Hello,
@@ -109,6 +112,7 @@ class Session:
         self.listening = False
         self.features: dict[str, Any] = {}
         self.mcp: DeviceMcpClient | None = None
+        self.echo: EchoCanceller | None = None  # server-side AEC, chosen at hello (asr.aec)
         self._hello_done = False
         self._turn: asyncio.Task[None] | None = None
         self._turn_lock = asyncio.Lock()
@@ -145,6 +149,7 @@ class Session:
         finally:
             metrics.sessions_active.dec()
             self._tg = None
+            self._observe_echo()
 
     async def close(self, code: int = 1000) -> None:
         """Ends the session from outside (timeout, replaced by a new connection)."""
@@ -215,6 +220,10 @@ class Session:
     # ---- sending -----------------------------------------------------------
 
     async def _send(self, event: object) -> None:
+        if isinstance(event, AudioOut) and self.echo is not None:
+            # the echo reference; v2 frames carry their play start for the device to echo back
+            start_ms = self.echo.reference.add_packet(event.opus, self._now_ms())
+            event = dataclasses.replace(event, timestamp_ms=int(start_ms) & 0xFFFFFFFF)
         data = self.conn.send(event)
         if isinstance(event, TtsStop):
             self._tts_stops_sent += 1
@@ -241,7 +250,7 @@ class Session:
         self.services.metrics.frames_received.inc()
         if self.listening and audio.opus:
             before = self.listener.dropped_samples
-            events = self.listener.push(audio.opus)
+            events = self.listener.push(audio.opus, timestamp_ms=audio.timestamp_ms)
             if self.listener.dropped_samples != before:
                 self.services.metrics.utterance_overflow.inc()
             for event in events:
@@ -270,6 +279,7 @@ class Session:
 
     async def _on_hello(self, hello: Hello) -> None:
         self.features = dict(hello.features or {})
+        self._setup_echo()
         params = AudioParams(format="opus", sample_rate=self.sample_rate, channels=1, frame_duration=60)
         start_mcp = not self._hello_done and bool(self.features.get("mcp")) and self._tg is not None
         if start_mcp:
@@ -284,6 +294,28 @@ class Session:
         if start_mcp and self.mcp is not None and self._tg is not None:
             # `initialize` only after our hello reply went out: clients set up MCP on that reply.
             self._tg.create_task(self._guard(self.mcp.start, "mcp"))
+
+    def _setup_echo(self) -> None:
+        """Server-side AEC per `asr.aec`; `features.aec` is the device asking for it (protocol §3.1)."""
+        setting = self.services.config.asr.aec
+        wanted = setting == "on" or (setting == "auto" and bool(self.features.get("aec")))
+        if wanted and self.echo is None:
+            self.echo = EchoCanceller(EchoReference())
+            echo = self.echo
+            self.listener.clean = lambda pcm, ts: echo.process(pcm, self._now_ms(), ts)
+
+    def _now_ms(self) -> float:
+        return (time.monotonic() - self._started) * 1000
+
+    def _observe_echo(self) -> None:
+        if self.echo is None or not self.echo.frames:
+            return
+        metrics, stats = self.services.metrics, self.echo.stats()
+        metrics.aec_sessions.labels("timestamps" if stats.aligned_by_timestamps else "estimated").inc()
+        if stats.erle_db is not None:
+            metrics.aec_erle_db.observe(stats.erle_db)
+        if stats.delay_ms is not None:
+            metrics.aec_delay_seconds.observe(stats.delay_ms / 1000)
 
     async def _send_mcp(self, payload: dict[str, Any]) -> None:
         await self._send(McpMessage(payload=payload))
@@ -377,9 +409,10 @@ class Session:
     async def _on_speech(self, event: ListenEvent) -> None:
         if isinstance(event, UtteranceStarted):
             self._heard_voice()
-            barge_in = self.mode == ListenMode.REALTIME and bool(self.features.get("aec"))
+            # only with our echo cancelled can speech heard during a reply be the user's
+            barge_in = self.mode == ListenMode.REALTIME and self.echo is not None
             if barge_in and self._turn is not None and not self._turn.done():
-                await self._cancel_turn(aborted=True)  # with AEC: `tts stop` as soon as speech is heard
+                await self._cancel_turn(aborted=True)  # `tts stop` as soon as speech is heard
         elif isinstance(event, UtteranceEnded):
             self._heard_voice()
             if event.speech_s >= self.services.config.asr.min_utterance_s:

@@ -62,7 +62,7 @@ class Turns:
         )
         result = await speaker.speak(sentences)
         if result.first_frame_at is not None:
-            metrics.first_audio_seconds.observe(result.first_frame_at - t_query)
+            metrics.observe_first_audio(result.first_frame_at - t_query)
         if result.underruns:
             metrics.underruns.inc(result.underruns)
         delay = pacer.stop_time(cfg.stop_margin_ms / 1000) - time.monotonic()

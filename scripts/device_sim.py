@@ -19,6 +19,7 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,6 +153,7 @@ class DeviceSimulator:
         self.ws_url = ws_url
         self.use_query_identity = use_query_identity
         self.decode = decode
+        self.on_audio: Callable[[AudioOut], None] | None = None  # sees each downlink frame on arrival
         self.conn = XiaozhiConnection(Role.DEVICE, binary_version=protocol_version)
         self.records: list[Record] = []
         self.raw_frames: list[bytes] = []
@@ -281,6 +283,8 @@ class DeviceSimulator:
                     self.raw_frames.append(message)
                     event: Any = self.conn.receive_binary(message)
                     event = AudioOut(opus=event.opus, timestamp_ms=event.timestamp_ms)
+                    if self.on_audio is not None:
+                        self.on_audio(event)
                 else:
                     event = self.conn.receive_text(message)
                     if isinstance(event, McpMessage):

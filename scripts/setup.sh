@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the gateway needs on a fresh Debian machine, into the
 # active Python (activate a virtualenv first if you want one):
-#   apt: libopus0 (Opus codec), espeak-ng (the built-in voice)
+#   apt: libopus0 (Opus codec), espeak-ng (the built-in voice), chromium and
+#        fonts-noto-color-emoji (the web console's browser tests, driven by Playwright)
 #   pip: torch==2.13.0 when no torch is installed, then this project + test and
 #        asr extras, and FunASR for speech recognition (see below)
 # With --models it then downloads the speech models (scripts/download_model.py:
@@ -20,7 +21,7 @@ for arg in "$@"; do
   case "$arg" in
     --models) models=1 ;;
     --serve) serve=1 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *)
       if [ "$serve" -eq 1 ]; then
         serve_args+=("$arg")
@@ -33,7 +34,7 @@ for arg in "$@"; do
 done
 
 missing=()
-for pkg in libopus0 espeak-ng; do
+for pkg in libopus0 espeak-ng chromium fonts-noto-color-emoji; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -49,7 +50,7 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
   "$PY" -m pip install -q torch==2.13.0
 fi
 
-if ! "$PY" -c "import gateway, opuslib_next, fastapi, pytest_asyncio, kaldi_native_fbank, wetext" >/dev/null 2>&1 \
+if ! "$PY" -c "import gateway, opuslib_next, fastapi, pytest_asyncio, kaldi_native_fbank, wetext, playwright" >/dev/null 2>&1 \
    || [ pyproject.toml -nt .setup-stamp ] 2>/dev/null; then
   echo "setup: installing the project and its test and asr extras"
   "$PY" -m pip install -q -e ".[test,asr]"

@@ -140,13 +140,15 @@ async def test_manual_mode_recognises_everything_at_listen_stop(use_asr):
     assert kinds(turn)[:2] == [Stt, TtsStart]
 
 
-async def talk_over_reply(aec: bool, spoken: str, heard_as: str, use_asr, *, realtime: bool = True):
+async def talk_over_reply(
+    aec: bool, spoken: str, heard_as: str, use_asr, *, realtime: bool = True, server_aec: str = "auto"
+):
     """A spoken query, then the user says `spoken` while the long reply plays (realtime mode)."""
     query = clip("Tell me a story please.")
     interruption = clip(spoken, lead_s=0.2)
     asr = use_asr(ClipASR(durations(("Tell me a story please.", query), (heard_as, interruption))))
     llm = LongLLM()
-    async with gateway(asr, llm=llm) as gw:
+    async with gateway(asr, llm=llm, aec=server_aec) as gw:
         sim = DeviceSimulator(gw.url)
         await sim.connect(features={"aec": aec})
         await sim.listen_start("realtime")
@@ -161,17 +163,17 @@ async def talk_over_reply(aec: bool, spoken: str, heard_as: str, use_asr, *, rea
     return sim, first.t, t_onset, t_end, llm
 
 
-async def test_realtime_barge_in_with_aec_stops_the_reply_at_once(use_asr):
+async def test_realtime_aec_device_with_server_aec_off_waits_for_recognition(use_asr):
+    # `features.aec` asks the SERVER to cancel echo (firmware CONFIG_USE_SERVER_AEC). With asr.aec
+    # off nobody does, so speech heard over the reply may be its echo: no barge-in at speech onset.
+    # Barge-in at onset with the server's AEC on: tests/test_aec_session.py.
     said = "Stop, tell me the time instead."
-    sim, t_first, t_onset, t_end, llm = await talk_over_reply(True, said, said, use_asr)
+    sim, t_first, t_onset, t_end, llm = await talk_over_reply(True, said, said, use_asr, server_aec="off")
     records = [r for r in sim.records if r.t > t_first]
     stop = next(r for r in records if isinstance(r.event, TtsStop))
     stt = next(r for r in records if isinstance(r.event, Stt))
-    assert stop.t - t_onset < 0.7 and stop.t < t_end  # stopped while the user was still talking
-    assert stt.t > stop.t and stt.event.text == "Stop, tell me the time instead."
-    between = [r for r in records if stop.t < r.t < stt.t]
-    assert not [r for r in between if isinstance(r.event, AudioOut | TtsSentenceStart | TtsStart)]
-    assert isinstance(records[records.index(stt) + 1].event, TtsStart)  # the new turn follows
+    assert stop.t > t_end + 0.3  # the reply went on until the utterance was over and recognised
+    assert stt.t >= stop.t and stt.event.text == "Stop, tell me the time instead."
     assert llm.calls == ["Tell me a story please.", "Stop, tell me the time instead."]
 
 

@@ -217,6 +217,11 @@ class TTSEngine(EngineThread):
                 self._inbox.put(_SHUTDOWN)
         if self._stopped is not None:
             await asyncio.shield(self._stopped)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            # The thread has posted its last callback and is returning: join it, so no daemon thread is
+            # still inside torch / onnxruntime when the interpreter tears down their native state (seen
+            # as a rare "terminate called without an active exception" abort at process exit).
+            self._thread.join(timeout=10.0)
         self._fail_open_streams("engine closed")
 
     # -- requests ------------------------------------------------------------------------------------

@@ -7,12 +7,13 @@ JSON error shape.
 
 from fastapi import FastAPI
 
-from gateway.api import health, speech, voices, ws_tts
+from gateway.api import health, speech, status, voices, ws_tts
 
 
 def include_api(app: FastAPI) -> None:
     """Add every API route to ``app`` (before any catch-all WebSocket route)."""
     app.include_router(health.router)
+    app.include_router(status.router)
     app.include_router(speech.router)
     app.include_router(voices.router)
     app.include_router(ws_tts.router)

@@ -47,7 +47,7 @@ def health_report(services: Services) -> dict[str, Any]:
         "names": engine.voices,
         "presets": store.names() if store is not None else [],
     }
-    report["memory"] = _memory(services, engine_health)
+    report["memory"] = health_memory(services, engine_health)
     return report
 
 
@@ -72,7 +72,8 @@ def _model_name(services: Services, engine_health: dict[str, Any]) -> str:
     return services.engine.backend_name  # fake / espeak: the backend is the model
 
 
-def _memory(services: Services, engine_health: dict[str, Any]) -> dict[str, Any]:
+def health_memory(services: Services, engine_health: dict[str, Any]) -> dict[str, Any]:
+    """The memory budget and what is in use (also in GET /v1/status)."""
     gpu_config = getattr(services.config, "gpu", None)
     memory: dict[str, Any] = {
         "budget_gib": getattr(gpu_config, "memory_gib", None) or None,  # gpu.memory_gib; None: no cap
