@@ -64,16 +64,21 @@ def test_missing_and_malformed_files(tmp_path: Path):
 # ---- list keys from the environment: one rule for all of them ----------------------------------
 
 
-def list_keys(model: type[BaseModel] = Config, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
-    """Every list-of-strings key of the config model, found by its types (new keys are covered)."""
+def config_keys(wanted, model: type[BaseModel] = Config, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every key of the config model whose type ``wanted(annotation)`` accepts (new keys are covered)."""
     keys = []
     for name, field in model.model_fields.items():
         annotation = field.annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            keys += list_keys(annotation, (*prefix, name))
-        elif get_origin(annotation) is list and get_args(annotation) == (str,):
+            keys += config_keys(wanted, annotation, (*prefix, name))
+        elif wanted(annotation):
             keys.append((*prefix, name))
     return keys
+
+
+def list_keys() -> list[tuple[str, ...]]:
+    """Every list-of-strings key."""
+    return config_keys(lambda a: get_origin(a) is list and get_args(a) == (str,))
 
 
 def value_at(cfg: Config, key: tuple[str, ...]):
@@ -133,16 +138,9 @@ def test_a_malformed_list_from_the_environment_names_the_variable():
 # ---- string keys from the environment: taken as written -------------------------------------
 
 
-def text_keys(model: type[BaseModel] = Config, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
-    """Every plain string key (`str`, `str | None`) of the config model, found by its types."""
-    keys = []
-    for name, field in model.model_fields.items():
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            keys += text_keys(annotation, (*prefix, name))
-        elif annotation is str or (get_args(annotation) and set(get_args(annotation)) == {str, type(None)}):
-            keys.append((*prefix, name))
-    return keys
+def text_keys() -> list[tuple[str, ...]]:
+    """Every plain string key (`str`, `str | None`)."""
+    return config_keys(lambda a: a is str or (bool(get_args(a)) and set(get_args(a)) == {str, type(None)}))
 
 
 def test_string_keys_are_found():
