@@ -17,6 +17,7 @@ from gateway.asr import ASR, create_asr
 from gateway.config import Config, EngineConfig, GPUConfig, LLMConfig, TTSConfig
 from gateway.llm.base import ChatLLM
 from gateway.llm.echo import EchoLLM
+from gateway.llm.memory import ConversationMemory
 from gateway.llm.openai_chat import OpenAIChatLLM
 from gateway.metrics import GatewayMetrics
 from gateway.model_check import (
@@ -126,6 +127,7 @@ class Services:
     voices: VoiceStore | None = None  # the voice presets (registered with engines that clone voices)
     checks: list[CheckResult] = field(default_factory=list)  # start-up model checks (gateway/model_check.py)
     sessions: dict[str, Session] = field(default_factory=dict)
+    memory: ConversationMemory | None = None  # per-device conversation memory (session.memory: local)
     _anonymous: int = 0
 
     @classmethod
@@ -168,6 +170,8 @@ class Services:
             tts_warning=warning,
             voices=VoiceStore(config.tts.voices_dir),
         )
+        if config.session.memory == "local":
+            services.memory = ConversationMemory.open(config.session, services.llm)
         if checks:
             services.checks = checks + asr_status_checks(services.asr)
             log_checks(services.checks)
@@ -200,6 +204,8 @@ class Services:
         for session in list(self.sessions.values()):
             await session.close()
         await self.engine.close()
+        if self.memory is not None:
+            await self.memory.aclose()  # pending writes land first (bounded)
         aclose = getattr(self.llm, "aclose", None)
         if aclose is not None:
             await aclose()

@@ -107,6 +107,7 @@ class Session:
             sample_rate=self.sample_rate,
             conversation=self.conversation,
             features=lambda: self.features,
+            remember=self._remember if services.memory is not None and info.device_id else None,
         )
         self.mode = ListenMode.AUTO
         self.listening = False
@@ -279,6 +280,8 @@ class Session:
 
     async def _on_hello(self, hello: Hello) -> None:
         self.features = dict(hello.features or {})
+        if not self._hello_done:
+            await self._restore_memory()
         self._setup_echo()
         params = AudioParams(format="opus", sample_rate=self.sample_rate, channels=1, frame_duration=60)
         start_mcp = not self._hello_done and bool(self.features.get("mcp")) and self._tg is not None
@@ -294,6 +297,20 @@ class Session:
         if start_mcp and self.mcp is not None and self._tg is not None:
             # `initialize` only after our hello reply went out: clients set up MCP on that reply.
             self._tg.create_task(self._guard(self.mcp.start, "mcp"))
+
+    async def _restore_memory(self) -> None:
+        """The device's remembered talk into the history (`session.memory: local`, a Device-Id)."""
+        memory, device_id = self.services.memory, self.info.device_id
+        if memory is None or not device_id:
+            return
+        remembered = await memory.restore(device_id)
+        if not remembered.empty:
+            self.conversation.restore(remembered.summary, remembered.turns)
+            log.info("session %s: restored %d remembered exchanges", self.session_id, len(remembered.turns))
+
+    def _remember(self, user_text: str, assistant_text: str) -> None:
+        if self.services.memory is not None and self.info.device_id:
+            self.services.memory.remember(self.info.device_id, user_text, assistant_text)
 
     def _setup_echo(self) -> None:
         """Server-side AEC per `asr.aec`; `features.aec` is the device asking for it (protocol §3.1)."""

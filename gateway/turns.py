@@ -33,6 +33,7 @@ class Turns:
         sample_rate: int,
         conversation: Conversation,
         features: Callable[[], dict[str, Any]],
+        remember: Callable[[str, str], None] | None = None,
     ) -> None:
         self._services = services
         self._send = send
@@ -40,6 +41,7 @@ class Turns:
         self._sample_rate = sample_rate
         self._conversation = conversation
         self._features = features
+        self._remember = remember  # saves an exchange to the device's memory (never blocks)
 
     async def speak(self, sentences: AsyncIterator[str], t_query: float) -> None:
         """Sentences -> paced audio, then wait until `tts stop` may go out."""
@@ -105,4 +107,6 @@ class Turns:
         finally:
             if reply.text.strip():
                 self._conversation.add_turn(text, reply.text)
+                if self._remember is not None:  # as far as it got when aborted, like the history
+                    self._remember(text, reply.text)
             await self._send(TtsStop())

@@ -7,7 +7,7 @@ JSON error shape.
 
 from fastapi import FastAPI
 
-from gateway.api import health, speech, status, voices, ws_tts
+from gateway.api import health, memory, speech, status, voices, ws_tts
 
 
 def include_api(app: FastAPI) -> None:
@@ -16,6 +16,7 @@ def include_api(app: FastAPI) -> None:
     app.include_router(status.router)
     app.include_router(speech.router)
     app.include_router(voices.router)
+    app.include_router(memory.router)
     app.include_router(ws_tts.router)
 
 

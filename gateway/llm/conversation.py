@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 
-__all__ = ["Conversation"]
+__all__ = ["Conversation", "SUMMARY_HEADER"]
+
+SUMMARY_HEADER = "What you remember of earlier conversations with this user:"
 
 
 class Conversation:
@@ -22,6 +25,7 @@ class Conversation:
             raise ValueError(f"max_turns must not be negative, got {max_turns}")
         self._system_prompt = system_prompt.strip()
         self._turns: deque[tuple[str, str]] = deque(maxlen=max_turns)
+        self.summary = ""  # of earlier sessions (gateway/llm/memory.py); sent inside the system message
 
     @property
     def system_prompt(self) -> str:
@@ -36,8 +40,12 @@ class Conversation:
         """Messages to send for a new user utterance: system prompt, history, then ``user_text``."""
         user_text = _require_text(user_text, "user_text")
         messages: list[dict[str, str]] = []
-        if self._system_prompt:
-            messages.append({"role": "system", "content": self._system_prompt})
+        # one system message: some chat templates reject a second one
+        system = "\n\n".join(
+            part for part in (self._system_prompt, self.summary and f"{SUMMARY_HEADER}\n{self.summary}") if part
+        )
+        if system:
+            messages.append({"role": "system", "content": system})
         for user, assistant in self._turns:
             messages.append({"role": "user", "content": user})
             messages.append({"role": "assistant", "content": assistant})
@@ -53,9 +61,18 @@ class Conversation:
         if assistant_text:
             self._turns.append((user_text, assistant_text))
 
+    def restore(self, summary: str, turns: Iterable[tuple[str, str]]) -> None:
+        """Replace the history by remembered ``turns`` (oldest first) and a ``summary`` of older ones."""
+        self.clear()
+        self.summary = summary.strip()
+        for user_text, assistant_text in turns:
+            if user_text.strip():
+                self.add_turn(user_text, assistant_text)
+
     def clear(self) -> None:
-        """Forget the history; the system prompt stays."""
+        """Forget the history and the summary; the system prompt stays."""
         self._turns.clear()
+        self.summary = ""
 
 
 def _require_text(text: str, name: str) -> str:

@@ -1,0 +1,41 @@
+"""``DELETE /v1/devices/{device_id}/memory``: forget what a device's conversations left behind.
+
+Removes the device's stored exchanges and summary (``session.memory: local``, gateway/llm/memory.py)
+and clears the history of its open session, if any. 204 when something was forgotten, 404 when
+nothing was remembered for that device (or memory is off). Needs an API key when keys are set.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Request, Response
+
+from gateway.api.auth import require_api_key
+from gateway.api.errors import ApiError, ApiRoute
+from gateway.services import Services
+
+router = APIRouter(route_class=ApiRoute, dependencies=[Depends(require_api_key)], tags=["devices"])
+
+MAX_DEVICE_ID_CHARS = 128  # as at the device handshake
+
+
+@router.delete("/v1/devices/{device_id}/memory", status_code=204, response_class=Response)
+async def delete_device_memory(
+    request: Request, device_id: Annotated[str, Path(min_length=1, max_length=MAX_DEVICE_ID_CHARS)]
+) -> Response:
+    services: Services = request.app.state.services
+    if services.memory is None:
+        raise ApiError(404, "conversation memory is off (session.memory: none)", code="memory_off")
+    session = services.sessions.get(device_id)
+    if session is not None:
+        session.conversation.clear()
+    try:
+        forgotten = await services.memory.delete(device_id)
+    except sqlite3.Error as exc:
+        raise ApiError(503, f"the memory store failed: {exc}", code="memory_store_error") from exc
+    if not forgotten:
+        raise ApiError(404, f"nothing is remembered for device {device_id!r}", code="unknown_device",
+                       param="device_id")  # fmt: skip
+    return Response(status_code=204)
