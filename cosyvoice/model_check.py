@@ -11,15 +11,23 @@ becomes a one-line ``detail`` plus a ``hint`` that says what to do about it.
 
 from __future__ import annotations
 
-import difflib
-import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from cosyvoice.check_finding import (
+    FAILED,
+    MISSING,
+    NOT_A_RELEASE,
+    OK,
+    SKIPPED,
+    Finding,
+    first_sentence,
+    human_size,
+    listed,
+)
+from cosyvoice.checkpoint_check import check_checkpoint, expected_checkpoint_shapes
 from cosyvoice.config import BLANK_EN_DIR, YAML_NAME, ConfigError, CosyVoice3Config, load_config
 from cosyvoice.hyperyaml import Tagged
 
@@ -33,11 +41,10 @@ __all__ = [
     "check_onnx_session",
     "check_tokenizer",
     "expected_checkpoint_shapes",
+    "human_size",
     "is_release_geometry",
 ]
 
-OK, MISSING, FAILED, SKIPPED = "ok", "missing", "failed", "skipped"
-NOT_A_RELEASE = "this is not a Fun-CosyVoice3-0.5B-2512 release"
 REDOWNLOAD = "re-download it"
 
 # What the loader needs (campplus / speech tokenizer: for preparing voices from recordings).
@@ -72,50 +79,6 @@ KNOWN_CLASSES = frozenset(
 )
 MODEL_SECTIONS = ("llm", "flow", "hift", "feat_extractor")
 
-# DiT constants of every CosyVoice3 release (not in the yaml).
-DIT_FREQ_EMBED = 256
-DIT_CONV_KERNEL = 31
-DIT_CONV_GROUPS = 16
-IGNORED_LLM_KEYS = frozenset({"llm.model.lm_head.weight"})  # the tied text head, present or not
-
-# Published release sizes (bytes), for the message when a file is far too small.
-RELEASE_SIZES = {
-    "llm.pt": 2_020_000_000,
-    "flow.pt": 1_330_000_000,
-    "hift.pt": 83_000_000,
-    "campplus.onnx": 28_300_000,
-    "speech_tokenizer_v3.onnx": 969_451_503,
-}
-_MAX_LISTED = 3
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """One check: ``status`` is ok / missing / failed / skipped; ``hint`` says what to do (empty if ok)."""
-
-    name: str
-    status: str
-    detail: str
-    hint: str = ""
-    file: str | None = None  # the file concerned, relative to the model directory
-
-    @property
-    def ok(self) -> bool:
-        return self.status in (OK, SKIPPED)
-
-
-def human_size(size: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1000 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit in ("B", "KB") else f"{size:.3g} {unit}"
-        size /= 1000
-    return f"{size:.3g} GB"
-
-
-def _listed(items: Sequence[str]) -> str:
-    shown = ", ".join(items[:_MAX_LISTED])
-    return shown + (f" (+{len(items) - _MAX_LISTED} more)" if len(items) > _MAX_LISTED else "")
-
 
 # ----------------------------------------------------------------------------------------- files
 
@@ -126,12 +89,12 @@ def check_files(model_dir: Path) -> Finding:
         return Finding(
             "files",
             MISSING,
-            f"{len(missing)} of {len(REQUIRED_FILES)} files missing: {_listed(missing)}",
+            f"{len(missing)} of {len(REQUIRED_FILES)} files missing: {listed(missing)}",
             "download the model",
             missing[0],
         )
     extra = [name for name in OPTIONAL_FILES if not (model_dir / name).is_file()]
-    note = f" ({_listed(extra)} absent, optional)" if extra else ""
+    note = f" ({listed(extra)} absent, optional)" if extra else ""
     return Finding("files", OK, f"all {len(REQUIRED_FILES)} files present{note}")
 
 
@@ -168,7 +131,7 @@ def check_yaml(model_dir: Path) -> tuple[Finding, CosyVoice3Config | None]:
     )
     if unknown:
         return (
-            Finding(YAML_NAME, FAILED, f"unknown class {_listed(unknown)}", f"{NOT_A_RELEASE}", YAML_NAME),
+            Finding(YAML_NAME, FAILED, f"unknown class {listed(unknown)}", f"{NOT_A_RELEASE}", YAML_NAME),
             None,
         )
     llm = config.llm
@@ -247,188 +210,6 @@ def _declared_specials(path: Path) -> dict[int, str] | None:
         return {int(key): str(entry["content"]) for key, entry in added.items()}
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None  # absent or unreadable: the tokenizer loader reports it
-
-
-# ----------------------------------------------------------------------------------- checkpoints
-
-
-def _llm_shapes(config: CosyVoice3Config) -> dict[str, tuple[int, ...]]:
-    from cosyvoice.llm import QWEN_PREFIX, CosyVoice3LM, qwen2_config
-
-    with torch.device("meta"):
-        module = CosyVoice3LM(qwen2_config(config.llm), speech_token_size=config.llm.speech_token_size)
-    return {
-        (QWEN_PREFIX + key.removeprefix("model.") if key.startswith("model.") else key): tuple(value.shape)
-        for key, value in module.state_dict().items()
-    }
-
-
-def _flow_shapes(config: CosyVoice3Config) -> dict[str, tuple[int, ...]]:
-    flow, dit = config.flow, config.flow.dit
-    mel, d, inner, ff = flow.input_size, dit.dim, dit.heads * dit.dim_head, dit.dim * dit.ff_mult
-    channels = flow.pre_lookahead_channels
-    shapes: dict[str, tuple[int, ...]] = {
-        "input_embedding.weight": (flow.vocab_size, mel),
-        "spk_embed_affine_layer.weight": (mel, flow.spk_embed_dim),
-        "spk_embed_affine_layer.bias": (mel,),
-        "pre_lookahead_layer.conv1.weight": (channels, mel, flow.pre_lookahead_len + 1),
-        "pre_lookahead_layer.conv1.bias": (channels,),
-        "pre_lookahead_layer.conv2.weight": (mel, channels, 3),
-        "pre_lookahead_layer.conv2.bias": (mel,),
-    }
-
-    def linear(key: str, out_dim: int, in_dim: int) -> None:
-        shapes[f"decoder.estimator.{key}.weight"] = (out_dim, in_dim)
-        shapes[f"decoder.estimator.{key}.bias"] = (out_dim,)
-
-    linear("time_embed.time_mlp.0", d, DIT_FREQ_EMBED)
-    linear("time_embed.time_mlp.2", d, d)
-    linear("input_embed.proj", d, dit.mel_dim * 2 + dit.mu_dim + dit.spk_dim)
-    for conv in ("conv1", "conv2"):
-        key = f"decoder.estimator.input_embed.conv_pos_embed.{conv}.0"
-        shapes[f"{key}.weight"] = (d, d // DIT_CONV_GROUPS, DIT_CONV_KERNEL)
-        shapes[f"{key}.bias"] = (d,)
-    shapes["decoder.estimator.rotary_embed.inv_freq"] = (dit.dim_head // 2,)
-    for i in range(dit.depth):
-        block = f"transformer_blocks.{i}"
-        linear(f"{block}.attn_norm.linear", 6 * d, d)
-        for name in ("to_q", "to_k", "to_v"):
-            linear(f"{block}.attn.{name}", inner, d)
-        linear(f"{block}.attn.to_out.0", d, inner)
-        linear(f"{block}.ff.ff.0.0", ff, d)
-        linear(f"{block}.ff.ff.2", d, ff)
-    linear("norm_out.linear", 2 * d, d)
-    linear("proj_out", dit.out_channels, d)
-    return shapes
-
-
-def _hift_shapes(config: CosyVoice3Config) -> dict[str, tuple[int, ...]]:
-    from cosyvoice.hift.buffers import HiftNoiseBuffers
-    from cosyvoice.hift.generator import CausalHift
-
-    harmonics = config.hift.nb_harmonics + 1
-    buffers = HiftNoiseBuffers(
-        rand_ini=torch.zeros(1, harmonics), sine_noise=torch.zeros(1, 1, harmonics), uv_noise=None
-    )
-    with torch.device("meta"):
-        module = CausalHift(config.hift, buffers)
-    return {key: tuple(value.shape) for key, value in module.state_dict().items()}
-
-
-_WEIGHT_NORM = {
-    ".parametrizations.weight.original1": ".weight",  # v: the weight's shape
-    ".weight_v": ".weight",
-    ".parametrizations.weight.original0": None,  # g: folded into the weight
-    ".weight_g": None,
-}
-
-
-def _hift_file_shapes(state: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
-    shapes = {}
-    for key, value in state.items():
-        key = key.removeprefix("generator.")
-        for suffix, replacement in _WEIGHT_NORM.items():
-            if key.endswith(suffix):
-                if replacement is None:
-                    break
-                shapes[key[: -len(suffix)] + replacement] = tuple(value.shape)
-                break
-        else:
-            shapes[key] = tuple(value.shape)
-    return shapes
-
-
-def expected_checkpoint_shapes(config: CosyVoice3Config, file: str) -> dict[str, tuple[int, ...]]:
-    """Key -> shape our modules expect in ``file`` (llm.pt / flow.pt / hift.pt) for this yaml."""
-    builders = {"llm.pt": _llm_shapes, "flow.pt": _flow_shapes, "hift.pt": _hift_shapes}
-    return builders[file](config)
-
-
-def _read_checkpoint(path: Path) -> Mapping[str, torch.Tensor]:
-    try:  # mmap: only the zip index is read; tensors stay on disk
-        return torch.load(path, mmap=True, weights_only=True, map_location="cpu")
-    except Exception:  # noqa: BLE001 - an old (non-zip) format cannot be mapped; read it whole
-        return torch.load(path, weights_only=True, map_location="cpu")
-
-
-def check_checkpoint(model_dir: Path, file: str, config: CosyVoice3Config | None) -> Finding:
-    path = model_dir / file
-    if not path.is_file():
-        return Finding(file, SKIPPED, "file missing (see files)", file=file)
-    size = path.stat().st_size
-    expected = expected_checkpoint_shapes(config, file) if config is not None else None
-    expected_bytes = sum(4 * math.prod(shape) for shape in expected.values()) if expected else None
-    published = f"expected ~{human_size(expected_bytes or RELEASE_SIZES[file])}"
-    try:
-        state = _read_checkpoint(path)
-    except Exception as exc:  # noqa: BLE001 - torch raises many types for a broken file
-        return Finding(
-            file,
-            FAILED,
-            f"cannot be read ({_first_sentence(exc)}): it is {human_size(size)}, {published}",
-            f"re-download {file}: it is truncated or corrupt",
-            file,
-        )
-    if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        return Finding(file, FAILED, "is not a state dict of tensors", f"{NOT_A_RELEASE}", file)
-    if expected is None:
-        return Finding(
-            file, SKIPPED, f"readable ({len(state)} tensors); keys not checked: the yaml failed", file=file
-        )
-    got = (
-        _hift_file_shapes(state) if file == "hift.pt" else dict((k, tuple(v.shape)) for k, v in state.items())
-    )
-    if file == "llm.pt":
-        got = {key: shape for key, shape in got.items() if key not in IGNORED_LLM_KEYS}
-    missing = sorted(expected.keys() - got.keys())
-    unexpected = sorted(got.keys() - expected.keys())
-    wrong = [
-        f"{key} {list(got[key])} (expected {list(shape)})"
-        for key, shape in sorted(expected.items())
-        if key in got and got[key] != shape
-    ]
-    if missing:
-        key = missing[0]
-        close = difflib.get_close_matches(key, unexpected, n=1, cutoff=0.6)
-        found = (
-            f"found {close[0]!r} instead, renamed?"
-            if close
-            else f"found {_listed(unexpected) or 'no other key'}"
-        )
-        more = f"; {len(missing)} keys missing in all" if len(missing) > 1 else ""
-        return Finding(
-            file, FAILED, f"lacks key {key!r} ({found}){more}", f"re-download {file}; {NOT_A_RELEASE}", file
-        )
-    if unexpected:
-        return Finding(
-            file,
-            FAILED,
-            f"unexpected keys {_listed(unexpected)}",
-            f"re-download {file}; {NOT_A_RELEASE}",
-            file,
-        )
-    if wrong:
-        return Finding(
-            file,
-            FAILED,
-            f"shape mismatch for this {YAML_NAME}: {_listed(wrong)}",
-            f"{file} and {YAML_NAME} come from different models: re-download both",
-            file,
-        )
-    stored = sum(4 * math.prod(shape) for shape in expected.values())
-    if size < 0.9 * stored * (0.5 if _half_precision(state) else 1.0):
-        return Finding(
-            file,
-            FAILED,
-            f"it is {human_size(size)}, {published}",
-            f"re-download {file}: it is truncated",
-            file,
-        )
-    return Finding(file, OK, f"{len(expected)} keys and shapes match; {human_size(size)}")
-
-
-def _half_precision(state: Mapping[str, torch.Tensor]) -> bool:
-    return any(value.element_size() < 4 for value in state.values())
 
 
 # ------------------------------------------------------------------------------------------ ONNX
@@ -520,7 +301,7 @@ def check_onnx_file(model_dir: Path, file: str) -> Finding:
         return Finding(
             file,
             FAILED,
-            f"onnxruntime cannot load it ({_first_sentence(exc)}); it is {human_size(size)}",
+            f"onnxruntime cannot load it ({first_sentence(exc)}); it is {human_size(size)}",
             f"re-download {file}: it is truncated or corrupt",
             file,
         )
@@ -528,14 +309,6 @@ def check_onnx_file(model_dir: Path, file: str) -> Finding:
 
 
 # ------------------------------------------------------------------------------------------ all
-
-
-def _first_sentence(exc: BaseException, limit: int = 100) -> str:
-    text = str(exc).strip()
-    if not text:
-        return type(exc).__name__
-    sentence = text.splitlines()[0].split(". ")[0].rstrip(".")
-    return sentence if len(sentence) <= limit else sentence[: limit - 3] + "..."
 
 
 def _short(exc: BaseException, model_dir: Path) -> str:
