@@ -5,11 +5,14 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from gateway.aec import EchoStats
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 ERLE_BUCKETS = (0.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 35.0, 40.0, 50.0)
@@ -79,6 +82,14 @@ class GatewayMetrics:
         """One turn's time from the query to its first audio frame: the histogram and the recent list."""
         self.first_audio_seconds.observe(seconds)
         self.recent_first_audio.append((time.time(), seconds))
+
+    def observe_aec(self, stats: EchoStats) -> None:
+        """One session's server-side echo cancellation, recorded when the session ends."""
+        self.aec_sessions.labels("timestamps" if stats.aligned_by_timestamps else "estimated").inc()
+        if stats.erle_db is not None:
+            self.aec_erle_db.observe(stats.erle_db)
+        if stats.delay_ms is not None:
+            self.aec_delay_seconds.observe(stats.delay_ms / 1000)
 
     def watch_engine(self, stats: Callable[[], dict[str, Any]]) -> None:
         self.registry.register(_EngineCollector(stats))

@@ -325,14 +325,8 @@ class Session:
         return (time.monotonic() - self._started) * 1000
 
     def _observe_echo(self) -> None:
-        if self.echo is None or not self.echo.frames:
-            return
-        metrics, stats = self.services.metrics, self.echo.stats()
-        metrics.aec_sessions.labels("timestamps" if stats.aligned_by_timestamps else "estimated").inc()
-        if stats.erle_db is not None:
-            metrics.aec_erle_db.observe(stats.erle_db)
-        if stats.delay_ms is not None:
-            metrics.aec_delay_seconds.observe(stats.delay_ms / 1000)
+        if self.echo is not None and self.echo.frames:
+            self.services.metrics.observe_aec(self.echo.stats())
 
     async def _send_mcp(self, payload: dict[str, Any]) -> None:
         await self._send(McpMessage(payload=payload))

@@ -16,18 +16,10 @@ from safetensors.torch import load_file
 
 from cosyvoice.flow import DiTConfig, Flow, FlowConfig
 from cosyvoice.flow.chunk_cache import FlowCacheManager, FlowRowCache, segment_bytes
-from tests.test_cosy_flow import VOCAB, tiny_config
+from tests.test_cosy_flow import VOCAB, single_thread, tiny_config  # noqa: F401 - single_thread: autouse
 
 ATOL = 1e-5
 LOOKAHEAD = 3
-
-
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _randomise(model: Flow, seed: int, scale: float = 0.05) -> Flow:
