@@ -21,7 +21,7 @@ from scripts.make_tiny_model import make_model_dir
 from tests.gateway_server import running_gateway
 from tts_engine import SynthesisFailed, TTSEngine
 from tts_engine.backends.cosyvoice import CosyVoiceBackend, kv_cache_bytes
-from tts_engine.backends.cosyvoice_request import CosyVoiceStream
+from tts_engine.backends.cosyvoice.request import CosyVoiceStream
 from tts_engine.voices import VoiceError, VoiceStore
 
 SAMPLES_PER_TOKEN = 960  # 2 mel frames of 480 samples at 24 kHz

@@ -14,7 +14,12 @@ from cosyvoice.llm import END_OF_PROMPT_TEXT_ID, CosyVoice3LM, LLMPrompt, LLMReq
 from cosyvoice.model import CosyVoice3
 from scripts.make_tiny_model import make_model_dir
 from tts_engine.backends.cosyvoice import CosyVoiceBackend
-from tts_engine.llm_vllm import VLLMRunner, VLLMUnavailableError, default_export_dir, ensure_export
+from tts_engine.backends.cosyvoice.llm_vllm import (
+    VLLMRunner,
+    VLLMUnavailableError,
+    default_export_dir,
+    ensure_export,
+)
 
 EOS = 6562
 

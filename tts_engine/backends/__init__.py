@@ -11,7 +11,7 @@ from tts_engine.backends.base import Backend, BackendStream
 BACKENDS: dict[str, str] = {
     "fake": "tts_engine.backends.fake:FakeBackend",
     "espeak": "tts_engine.backends.espeak:EspeakBackend",
-    "cosyvoice": "tts_engine.backends.cosyvoice:CosyVoiceBackend",
+    "cosyvoice": "tts_engine.backends.cosyvoice.backend:CosyVoiceBackend",
 }
 
 

@@ -3,7 +3,7 @@
 One ``step(streams)`` call advances every given request by one scheduler step: a batched LLM decode
 (and prefill) step, then the ready token2wav hops in one flow + vocoder batch of at most
 ``max_hop_rows`` rows, taken in the order the engine ranked the streams
-(tts_engine/backends/cosyvoice_step.py). Each request gets the audio its hop produced (float32,
+(tts_engine/backends/cosyvoice/step.py). Each request gets the audio its hop produced (float32,
 24 kHz), an empty array while nothing is ready, ``None`` once its last sample was delivered, or the
 exception that failed it; one bad request does not fail its neighbours.
 
@@ -74,8 +74,8 @@ from cosyvoice.model import CosyVoice3, ModelFilesError
 from cosyvoice.text import TextError, prepare_tts_texts
 from cosyvoice.token2wav import SpeakerPrompt
 from tts_engine.backends.base import Backend
-from tts_engine.backends.cosyvoice_request import CosyVoiceStream, Segment, SpeedScaledStream
-from tts_engine.backends.cosyvoice_step import BatchedStep
+from tts_engine.backends.cosyvoice.request import CosyVoiceStream, Segment, SpeedScaledStream
+from tts_engine.backends.cosyvoice.step import BatchedStep
 from tts_engine.errors import EngineError
 from tts_engine.memory import MemoryBudget, MemoryPlan, estimate_activation_bytes_per_row, module_bytes
 from tts_engine.voices import PromptAudio, VoiceError, VoicePreset, decode_prompt_wav, preset_cache_path
@@ -238,7 +238,7 @@ class CosyVoiceBackend(Backend):
         self._voices: dict[str, _Voice] = {}
         self._streams: set[int] = set()  # ids of open streams (debugging/metrics)
         if llm_backend == "vllm":  # optional extra (pip install .[vllm]), imported only when chosen
-            from tts_engine.llm_vllm import VLLMRunner
+            from tts_engine.backends.cosyvoice.llm_vllm import VLLMRunner
 
             self.runner = VLLMRunner.from_model_dir(
                 model.llm,

@@ -22,7 +22,7 @@ import torch
 
 from cosyvoice.llm import LLMRequest
 from cosyvoice.token2wav import HopJob, Token2Wav
-from tts_engine.backends.cosyvoice_request import CosyVoiceStream
+from tts_engine.backends.cosyvoice.request import CosyVoiceStream
 
 Errors = dict[int, BaseException]  # id(stream) -> what failed it
 
