@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -93,6 +93,8 @@ class ServerConfig(_Section):
     host: str = "0.0.0.0"
     port: int = Field(8000, ge=0, le=65535)
     public_ws_url: str = ""
+    # OTA derives the URL from X-Forwarded-Host/-Proto (set by a reverse proxy) instead of Host/scheme.
+    trust_forwarded_headers: bool = False
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     auth: AuthConfig = Field(default_factory=AuthConfig)
 
@@ -142,6 +144,56 @@ class LLMConfig(_Section):
     first_token_timeout_s: float = Field(15, gt=0)
     max_history_turns: int = Field(20, ge=0)
     apology: str = "抱歉，我现在有点问题，请稍后再试。"
+    # function calling (provider openai, `tools` section): per call, rounds of calls per turn,
+    # and the filler spoken when a round's calls take longer than tool_filler_after_s
+    tool_timeout_s: float = Field(10, gt=0, le=300)
+    max_tool_rounds: int = Field(3, ge=1, le=10)
+    tool_filler_after_s: float = Field(1.5, ge=0, le=60)
+    tool_filler: str = Field("稍等，我查一下。", max_length=200)
+
+
+class MCPServerConfig(_Section):
+    """One server-side MCP server (docs/tools.md): a `command` run over stdio, or a streamable HTTP `url`."""
+
+    command: str = ""  # stdio: the program to run, with args, extra env vars, working directory
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str = ""
+    url: str = ""  # streamable HTTP: the endpoint (http(s)://host/mcp), with extra request headers
+    headers: dict[str, str] = Field(default_factory=dict, repr=False)
+    enabled: bool = True
+    call_timeout_s: float = Field(30, gt=0, le=600)  # one tools/call (and tools/list)
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> MCPServerConfig:
+        if bool(self.command) == bool(self.url):
+            raise ValueError("set exactly one of command (stdio) or url (streamable HTTP)")
+        if self.url and (self.args or self.env or self.cwd):
+            raise ValueError("args, env and cwd are for a command; a url server takes headers")
+        if self.command and self.headers:
+            raise ValueError("headers are for a url server")
+        if self.url and not self.url.startswith(("http://", "https://")):
+            raise ValueError("url must start with http:// or https://")
+        return self
+
+
+BUILTIN_TOOL_NAMES = ("end_conversation", "change_voice", "get_time")  # gateway/tools/builtins.py
+
+
+class ToolsConfig(_Section):
+    """Tools the LLM may call (docs/tools.md)."""
+
+    enabled: bool = True  # offer tools to the LLM at all (provider openai)
+    # the gateway's own tools (gateway/tools/builtins.py) offered in every session
+    builtins: list[str] = Field(default_factory=lambda: list(BUILTIN_TOOL_NAMES))  # unknown: logged, ignored
+    max_tools: int = Field(64, ge=1, le=128)  # offered per turn (OpenAI allows 128)
+    max_argument_chars: int = Field(8192, ge=64, le=1_000_000)
+    max_result_chars: int = Field(4000, ge=64, le=1_000_000)  # longer results are cut for the LLM
+
+    # Server-side MCP servers by name, started once per process and shared by every session.
+    mcp_servers: dict[str, MCPServerConfig] = Field(default_factory=dict)
+    # How long start-up waits for the MCP servers to list their tools (the server starts anyway).
+    mcp_start_timeout_s: float = Field(10, ge=0, le=600)
 
 
 class SegmenterConfig(_Section):
@@ -149,8 +201,19 @@ class SegmenterConfig(_Section):
     max_chars: int = Field(120, ge=8, le=1000)
 
 
+class GpuSimConfig(_Section):
+    """The gpu-sim benchmark backend (tts_engine/backends/gpu_sim.py): each batched step holds the GIL
+    for python_ms (kernel launches) then waits step_ms with it released (the GPU computing)."""
+
+    step_ms: float = Field(20, ge=0, le=10000)
+    python_ms: float = Field(5, ge=0, le=10000)
+    chunk_ms: int = Field(40, ge=1, le=2000)  # audio per stream per step
+    hop_chunks: int = Field(5, ge=1, le=1000)  # steps whose audio leaves as one chunk
+    max_batch_size: int = Field(128, ge=1, le=1024)
+
+
 class TTSConfig(_Section):
-    backend: Literal["auto", "espeak", "fake", "cosyvoice"] = "auto"
+    backend: Literal["auto", "espeak", "fake", "gpu-sim", "cosyvoice"] = "auto"
     voice: str = "default"
     model_dir: str = "models/Fun-CosyVoice3-0.5B"
     device: str = "auto"
@@ -161,6 +224,7 @@ class TTSConfig(_Section):
     cpu_threads: int = Field(0, ge=0, le=256)
     # numbers, dates, units... read out before the backend gets the text (cosyvoice/text_normalization.py)
     text_normalization: Literal["wetext", "basic", "off"] = "wetext"
+    gpu_sim: GpuSimConfig = Field(default_factory=GpuSimConfig)
 
 
 class VADConfig(_Section):
@@ -198,6 +262,9 @@ class ASRConfig(_Section):
     # devices whose hello says features.aec (firmware built with CONFIG_USE_SERVER_AEC: the device
     # leaves echo cancellation to the server). With it on, realtime mode barges in on speech onset.
     aec: Literal["auto", "on", "off"] = "auto"
+    # Experimental (off: unfinished, issue 14): a linear canceller (SpeexDSP) beside AEC3 whose echo
+    # estimate detects the user talking over the reply and passes them unsuppressed (gateway/aec/stages.py)
+    aec_double_talk: bool = False
     not_configured_reply: str = "语音识别还没有配置，请直接输入文字。"
     vad: VADConfig = Field(default_factory=VADConfig)
 
@@ -234,12 +301,24 @@ class EngineConfig(_Section):
     llm_backend: Literal["native", "vllm"] = "native"  # vllm: pip install .[vllm], needs CUDA
     # flow + vocoder rows per step; more ready hops wait a step, least playback slack served first
     max_hop_rows: int = Field(16, ge=1, le=256)
+    # new LLM segments prefilled per step (None: all that are waiting); the rest a step later, in slack order
+    max_prefill_rows: int | None = Field(None, ge=1, le=256)
     torch_compile: bool = False  # DiT step + vocoder through torch.compile (inductor); unmeasured on GPU
     cuda_graphs: bool = False  # decode step as CUDA graphs (CUDA + native LLM only); unmeasured, so off
     # Flow chunk caches (per-voice prompt prefix, per-stream chunks): exact, only new frames computed.
     flow_cache: bool = True
     flow_cache_mib: float | None = Field(None, ge=0)  # None: what the memory plan leaves over
     final_pass: Literal["exact", "streaming"] = "exact"  # streaming: the closing flow call keeps the chunk mask
+    # Engine worker processes (docs/engine-workers.md). 0: the engine runs in the gateway process;
+    # auto: one per visible CUDA GPU (one on CPU), times workers_per_device (several under CUDA MPS).
+    workers: Literal["auto"] | Annotated[int, Field(ge=0, le=64)] = "auto"
+    workers_per_device: int = Field(1, ge=1, le=16)
+    remote: list[str] = Field(default_factory=list)  # tcp://host:port workers started elsewhere
+    worker_start_timeout_s: float = Field(300, gt=0)  # process start to READY (model load)
+    worker_connect_timeout_s: float = Field(10, gt=0)  # socket connect + hello
+    worker_max_restarts: int = Field(10, ge=0, le=1000)  # in a row, with backoff, before giving up
+    # constructor keywords for the worker's backend (fake, gpu-sim, espeak; tests and benchmarks)
+    worker_backend_options: dict[str, Any] = Field(default_factory=dict)
 
     def memory_gib(self, gpu: GPUConfig) -> float:
         """The budget the engine plans with: explicit, else the TTS share of `gpu`, else the default."""
@@ -286,6 +365,7 @@ class Config(_Section):
     gpu: GPUConfig = Field(default_factory=GPUConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     api: ApiConfig = Field(default_factory=ApiConfig)
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
 
     @field_validator("session")
     @classmethod

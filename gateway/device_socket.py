@@ -3,6 +3,7 @@
 A refused upgrade gets a plain HTTP answer: 400 (bad handshake), 401 (no valid token) or 409 (the
 Device-Id is connected with a token and this connection has none). A new connection with the
 same Device-Id replaces the old session only once it is admitted, and never with less proof.
+The registry of live sessions (gateway/session_registry.py) is written only here.
 """
 
 from __future__ import annotations
@@ -79,15 +80,14 @@ async def device_endpoint(ws: WebSocket) -> None:
         await _reject(ws, 401, "authentication failed")
         return
     info = replace(info, authenticated=admission is Admission.AUTHENTICATED)
-    key = services.session_key(info.device_id)
-    old = services.sessions.get(key)
-    if old is not None and old.info.authenticated and not info.authenticated:
-        # A Device-Id is no secret: only a connection with a valid token may replace one that had one.
+    registry = services.sessions
+    key = registry.key_for(info.device_id)
+    if not registry.may_replace(key, authenticated=info.authenticated):
         log.warning("device %s refused: already connected with a token, this connection has none", key)
         await _reject(ws, 409, "this device is connected with a token; reconnect with a valid token")
         return
     session = Session(StarletteDeviceSocket(ws), info, services)
-    services.sessions[key] = session  # claimed before the first await: no race with another upgrade
+    old = registry.claim(key, session)  # before the first await: no race with another upgrade
     try:
         if old is not None:
             log.info("device %s reconnected; closing its previous session", key)
@@ -97,8 +97,7 @@ async def device_endpoint(ws: WebSocket) -> None:
                  ", token" if info.authenticated else "")  # fmt: skip
         await session.run()
     finally:
-        if services.sessions.get(key) is session:
-            del services.sessions[key]
+        registry.release(key, session)
         await StarletteDeviceSocket(ws).close()
         log.info("device %s disconnected", key)
 

@@ -7,6 +7,10 @@ Request ids are unique integers (the firmware drops string ids).
 server sends it: the firmware gives both to its camera's "explain" call, and
 clients such as xiaozhi-sdk read them unconditionally. An empty url means no
 vision endpoint (the firmware then leaves its camera's explain URL unset).
+
+The client is the session's ``ToolSource`` for the device's tools (gateway/tools): `tools/call`
+answers with `error` (the firmware sends only `message`, no `code`) or with `isError: true` both
+raise ``McpError`` carrying the device's message. Device `notifications/*` are logged and dropped.
 """
 
 from __future__ import annotations
@@ -18,13 +22,19 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from gateway.tools.base import ToolError, ToolSpec
+
 log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = "2024-11-05"
 MAX_TOOL_PAGES = 32
 
 
-class McpError(Exception):
+LIST_WAIT_S = 2.0  # how long a turn waits for a tools/list still under way
+MAX_TOOLS = 256
+
+
+class McpError(ToolError):
     """The device answered with an error, or did not answer in time."""
 
 
@@ -51,7 +61,11 @@ class DeviceMcpClient:
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.tools: list[dict[str, Any]] = []
         self.server_info: dict[str, Any] = {}
-        self.ready = asyncio.Event()
+        self.ready = asyncio.Event()  # initialize and tools/list succeeded
+        self.started = asyncio.Event()  # ... or failed
+        self._waited = False
+
+    name = "device"
 
     async def request(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
         req_id = next(self._ids)
@@ -72,6 +86,13 @@ class DeviceMcpClient:
     def handle(self, payload: dict[str, Any]) -> None:
         """Route a message from the device; requests and notifications are ignored."""
         req_id = payload.get("id")
+        method = payload.get("method")
+        if isinstance(method, str):
+            if method.startswith("notifications"):
+                log.info("device MCP notification %s", method[:80])
+            else:
+                log.debug("device MCP request %s ignored", method[:80])
+            return
         if not isinstance(req_id, int) or ("result" not in payload and "error" not in payload):
             return
         fut = self._pending.get(req_id)
@@ -108,20 +129,61 @@ class DeviceMcpClient:
                 page = await self.request("tools/list", params)
                 tools = page.get("tools", [])
                 if isinstance(tools, list):
-                    self.tools.extend(t for t in tools if isinstance(t, dict))
+                    self.tools.extend(
+                        t for t in tools if isinstance(t, dict) and isinstance(t.get("name"), str)
+                    )
+                    del self.tools[MAX_TOOLS:]
                 cursor = page.get("nextCursor") or None
                 if not isinstance(cursor, str) or not cursor:
                     break
             self.ready.set()
         except McpError as exc:
             log.info("device MCP unavailable: %s", exc)
+        finally:
+            self.started.set()
+
+    async def list_tools(self) -> list[ToolSpec]:
+        """The device's tools; the first turn waits (briefly) for a tools/list still under way."""
+        if not self.started.is_set() and not self._waited:
+            self._waited = True  # a device slow to answer costs one turn the wait, not every turn
+            try:
+                async with asyncio.timeout(LIST_WAIT_S):
+                    await self.started.wait()
+            except TimeoutError:
+                return []
+        specs = []
+        for tool in self.tools:
+            schema = tool.get("inputSchema")
+            description = tool.get("description")
+            specs.append(
+                ToolSpec(
+                    name=tool["name"],
+                    description=description if isinstance(description, str) else "",
+                    parameters=schema if isinstance(schema, dict) else {"type": "object", "properties": {}},
+                )
+            )
+        return specs
 
     async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> str:
+        """The text of the tool's result; ``McpError`` for an error answer or ``isError: true``."""
         result = await self.request("tools/call", {"name": name, "arguments": arguments or {}})
         content = result.get("content")
-        if isinstance(content, list) and content and isinstance(content[0], dict):
-            return str(content[0].get("text", ""))
-        return ""
+        texts = []
+        if isinstance(content, list):
+            texts = [
+                str(c.get("text", ""))
+                for c in content
+                if isinstance(c, dict) and c.get("type", "text") == "text"
+            ]
+        text = "\n".join(t for t in texts if t)
+        if result.get("isError") is True:
+            raise McpError(text or f"the device reported an error calling {name}")
+        return text
+
+    @property
+    def pending_requests(self) -> int:
+        """Requests sent and not answered yet."""
+        return len(self._pending)
 
     def cancel_all(self) -> None:
         for fut in self._pending.values():

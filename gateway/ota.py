@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from typing import Any
 
@@ -32,14 +33,30 @@ router = APIRouter()
 DEVICE_WS_PATH = "/xiaozhi/v1/"
 
 
+_HOST = re.compile(r"^[A-Za-z0-9.\-]+(:\d{1,5})?$|^\[[0-9A-Fa-f:.]+\](:\d{1,5})?$")
+
+
+def _forwarded(request: Request, name: str) -> str | None:
+    """The first (client-side) value of an X-Forwarded-* header, or None."""
+    value = request.headers.get(name, "").split(",")[0].strip()
+    return value or None
+
+
 def websocket_url(config: Config, request: Request) -> str:
+    """Where devices open the WebSocket: `server.public_ws_url`, else derived from this request.
+
+    Behind a reverse proxy (deploy/nginx.conf) the gateway's own Host and scheme are not what devices
+    can reach; with `server.trust_forwarded_headers` the proxy's X-Forwarded-Host/-Proto say it. Off by
+    default: anyone who can reach the gateway directly could otherwise set them.
+    """
     if config.server.public_ws_url:
         return config.server.public_ws_url
-    host = request.headers.get("x-forwarded-host") or request.headers.get("host")
-    if not host:
+    trusted = config.server.trust_forwarded_headers
+    host = (_forwarded(request, "x-forwarded-host") if trusted else None) or request.headers.get("host")
+    if not host or not _HOST.match(host):
         host = f"{request.url.hostname}:{request.url.port or config.server.port}"
-    proto = request.headers.get("x-forwarded-proto", request.url.scheme)
-    scheme = "wss" if proto in ("https", "wss") else "ws"
+    proto = (_forwarded(request, "x-forwarded-proto") if trusted else None) or request.url.scheme
+    scheme = "wss" if proto.lower() in ("https", "wss") else "ws"
     return f"{scheme}://{host}{DEVICE_WS_PATH}"
 
 

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from cosyvoice.text_normalization import TextNormalizer
 from gateway.asr import ASR, create_asr
 from gateway.config import Config, EngineConfig, GPUConfig, LLMConfig, TTSConfig
 from gateway.llm.base import ChatLLM
@@ -27,12 +26,16 @@ from gateway.model_check import (
     log_checks,
     tts_file_checks,
 )
+from gateway.session_registry import SessionRegistry
+from gateway.tools.base import ToolSource
+from gateway.voice_store import VoiceStore
 from tts_engine import TTSEngine
-from tts_engine.backends import Backend, create_backend
-from tts_engine.voices import VoiceStore
+from tts_engine.backends import Backend
+from tts_engine.build import build_backend, engine_for_backend
 
 if TYPE_CHECKING:
-    from gateway.session import Session
+    from gateway.engine_client import EngineClient
+    from gateway.tools.mcp_servers import MCPServerPool
 
 log = logging.getLogger(__name__)
 
@@ -63,38 +66,21 @@ def choose_tts_backend(cfg: TTSConfig) -> TTSChoice:
     return TTSChoice(cfg.backend)
 
 
+def engine_sections(config: Config) -> dict[str, Any]:
+    """The config sections the engine is built from (tts_engine/build.py), as plain dicts."""
+    return {name: getattr(config, name).model_dump(mode="json") for name in ("tts", "engine", "gpu")}
+
+
 def create_tts_backend(
     name: str, cfg: TTSConfig, engine: EngineConfig | None = None, gpu: GPUConfig | None = None
 ) -> Backend:
-    """Build the chosen backend with its options from the `tts` section (and the `engine` budget)."""
-    if name != "cosyvoice":
-        return create_backend(name)
-    from gateway.asr.gpu_share import apply_process_cap
-    from tts_engine.backends.cosyvoice import resolve_device
-    from tts_engine.memory import MemoryBudget
-
-    engine, gpu = engine or EngineConfig(), gpu or GPUConfig()
-    device = str(resolve_device(cfg.device))
-    apply_process_cap(gpu, device)  # the process-wide hard cap (the ASR applies the same one)
-    budget_gib = engine.memory_gib(gpu)
-    return create_backend(
-        "cosyvoice",
-        model_dir=cfg.model_dir,
-        device=cfg.device,
-        dtype=cfg.dtype,
-        voice_cache_dir=Path(cfg.voices_dir) / ".cache",
-        default_voice=cfg.voice,
-        memory_budget=MemoryBudget.from_gib(budget_gib, device),
-        max_batch_size=engine.max_batch_size,
-        max_llm_len=engine.max_llm_len,
-        llm_backend=engine.llm_backend,
-        max_hop_rows=engine.max_hop_rows,
-        cuda_graphs=engine.cuda_graphs,
-        torch_compile=engine.torch_compile,
-        flow_cache=engine.flow_cache,
-        flow_cache_mib=engine.flow_cache_mib,
-        final_pass=engine.final_pass,
-    )
+    """Build the chosen backend for this process (the engine beside the ASR), as a worker would."""
+    sections = {
+        "tts": cfg.model_dump(mode="json"),
+        "engine": (engine or EngineConfig()).model_dump(mode="json"),
+        "gpu": (gpu or GPUConfig()).model_dump(mode="json"),
+    }
+    return build_backend(name, cfg.device, sections, own_process=False)
 
 
 def set_cpu_threads(backend: str, configured: int) -> None:
@@ -116,51 +102,64 @@ def create_llm(cfg: LLMConfig) -> ChatLLM:
     )
 
 
+def _in_process_engine(config: Config, choice: TTSChoice) -> tuple[TTSEngine, list[CheckResult]]:
+    """The engine as a thread of this process (``engine.workers: 0``), with its start-up model checks."""
+    checks: list[CheckResult] = []
+    set_cpu_threads(choice.backend, config.tts.cpu_threads)
+    if choice.backend == "cosyvoice":  # cheap (checkpoint indexes only); problems logged with fixes
+        checks = tts_file_checks(config.tts, onnx=False, tokenizer=False)
+        if any(check.failed for check in checks):
+            log_checks(checks)
+    backend = create_tts_backend(choice.backend, config.tts, config.engine, config.gpu)
+    checks += loaded_model_checks(backend)  # the tokenizer and ONNX sessions it loaded
+    # the text normaliser is built here, at start-up: the wetext FSTs load once per process
+    return engine_for_backend(backend, engine_sections(config)), checks
+
+
 @dataclass
 class Services:
     config: Config
-    engine: TTSEngine
+    engine: TTSEngine | EngineClient  # EngineClient: the engine in worker processes (engine.workers)
     llm: ChatLLM
     asr: ASR
     metrics: GatewayMetrics
     tts_warning: str | None = None
     voices: VoiceStore | None = None  # the voice presets (registered with engines that clone voices)
     checks: list[CheckResult] = field(default_factory=list)  # start-up model checks (gateway/model_check.py)
-    sessions: dict[str, Session] = field(default_factory=dict)
+    # the live device sessions, read-only here: the device socket (gateway/device_socket.py) writes it
+    sessions: SessionRegistry = field(default_factory=SessionRegistry)
     memory: ConversationMemory | None = None  # per-device conversation memory (session.memory: local)
-    _anonymous: int = 0
+    # process-wide tool sources (server-side MCP servers, gateway/tools/mcp_servers.py), offered in
+    # every query turn after the device's tools; read at each turn, so sources added later count
+    tool_sources: list[ToolSource] = field(default_factory=list)
+    mcp_servers: MCPServerPool | None = None  # tools.mcp_servers, started in start(), shared by all sessions
 
     @classmethod
     def build(
         cls,
         config: Config,
         *,
-        engine: TTSEngine | None = None,
+        engine: TTSEngine | EngineClient | None = None,
         llm: ChatLLM | None = None,
         asr: ASR | None = None,
     ) -> Services:
         warning = None
         checks: list[CheckResult] = []
+        if engine is None and config.engine.remote:  # workers started elsewhere pick their own backend
+            from gateway.engine_client_build import build_engine_client
+
+            engine = build_engine_client(config, config.tts.backend)
         if engine is None:
             choice = choose_tts_backend(config.tts)
             warning = choice.warning
             if warning:
                 log.warning("!!! %s", warning)
-            set_cpu_threads(choice.backend, config.tts.cpu_threads)
-            if choice.backend == "cosyvoice":  # cheap (checkpoint indexes only); problems logged with fixes
-                checks = tts_file_checks(config.tts, onnx=False, tokenizer=False)
-                if any(check.failed for check in checks):
-                    log_checks(checks)
-            backend = create_tts_backend(choice.backend, config.tts, config.engine, config.gpu)
-            checks += loaded_model_checks(backend)  # the tokenizer and ONNX sessions it loaded
-            engine = TTSEngine(
-                backend,
-                max_pending_requests=config.tts.max_pending_requests,
-                max_buffered_chunks=config.tts.max_buffered_chunks,
-                max_queue_wait_s=config.engine.max_queue_wait_s,
-                # built here, at start-up: the wetext FSTs load once per process, not at the first request
-                text_normalizer=TextNormalizer(config.tts.text_normalization),
-            )
+            if config.engine.workers != 0:  # the engine in worker processes started here
+                from gateway.engine_client_build import build_engine_client
+
+                engine = build_engine_client(config, choice.backend)
+            else:
+                engine, checks = _in_process_engine(config, choice)
         services = cls(
             config=config,
             engine=engine,
@@ -181,6 +180,18 @@ class Services:
     async def start(self) -> None:
         await self.engine.start()
         await self.register_voices()
+        await self.start_mcp_servers()
+
+    async def start_mcp_servers(self) -> None:
+        """The configured server-side MCP servers, as tool sources of every session (bounded wait)."""
+        tools = self.config.tools
+        if not (tools.enabled and tools.mcp_servers) or self.mcp_servers is not None:
+            return
+        from gateway.tools.mcp_servers import MCPServerPool  # the SDK loads only when servers are configured
+
+        self.mcp_servers = MCPServerPool.from_config(tools)
+        self.tool_sources.extend(self.mcp_servers.sources)
+        await self.mcp_servers.start()
 
     async def register_voices(self) -> None:
         """Load the voice presets and prepare each in the engine (backends that clone voices only)."""
@@ -201,21 +212,16 @@ class Services:
             )
 
     async def close(self) -> None:
-        for session in list(self.sessions.values()):
-            await session.close()
+        await self.sessions.close_all()
         await self.engine.close()
+        if self.mcp_servers is not None:
+            await self.mcp_servers.aclose()  # stops their processes (bounded)
         if self.memory is not None:
             await self.memory.aclose()  # pending writes land first (bounded)
         aclose = getattr(self.llm, "aclose", None)
         if aclose is not None:
             await aclose()
         await self.asr.aclose()
-
-    def session_key(self, device_id: str | None) -> str:
-        if device_id:
-            return device_id
-        self._anonymous += 1
-        return f"anonymous-{self._anonymous}"
 
     def _asr_warning(self) -> str | None:
         warning = getattr(self.asr, "warning", None)
@@ -235,4 +241,5 @@ class Services:
             "asr": {"backend": self.asr.name, "warning": self._asr_warning()},
             "audio": {"output_sample_rate": self.config.audio.output_sample_rate},
             "checks": [check.as_dict() for check in self.checks],
+            "mcp_servers": self.mcp_servers.status() if self.mcp_servers is not None else [],
         }

@@ -4,12 +4,10 @@ A turn is a task (with its own task group inside the speaker); abort, a new
 query or the end of the connection cancel it, and its `finally` sends the one
 `tts stop` that matches its `tts start`. Only `_send` touches the socket.
 
-Idle rules (`session` in config.yaml): `idle_no_voice_s` counts from the later
-of the user's last words (speech or typed text) and the end of the server's
-last reply, and stands still while a reply or a recognition runs;
-`idle_hard_s` counts from the user's last words whatever else happens. The
-watchdog sleeps until the earlier deadline and is woken only when a reply or
-recognition ends (the only events that can bring a deadline closer).
+Its parts: the turns (gateway/turns.py, one `Turn` per reply, gateway/turn.py),
+listening (gateway/session_listen.py), tools (gateway/session_tools.py), the idle
+deadlines (gateway/session_idle.py). The registry of live sessions belongs to the
+device socket (gateway/device_socket.py, gateway/session_registry.py).
 """
 
 from __future__ import annotations
@@ -17,24 +15,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import logging
 import time
-import unicodedata
 import uuid
-from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 import numpy as np
 
-from audio_codecs.opus import OpusEncoder
 from gateway.aec import EchoCanceller, EchoReference
-from gateway.asr import ASRError, ASRNotConfigured
-from gateway.listener import Listener, ListenEvent, UtteranceEnded, UtteranceStarted
+from gateway.listener import Listener
 from gateway.llm.conversation import Conversation
 from gateway.mcp_client import DeviceMcpClient, VisionCapability
 from gateway.services import Services
-from gateway.turns import Turns
+from gateway.session_idle import IdleClock
+from gateway.session_listen import ListenHandling, TaskFactory
+from gateway.session_tools import SessionTools
+from gateway.turn import turn_config
+from gateway.turns import Turns, metrics_recorder
 from gateway.xiaozhi import (
     Abort,
     AudioOut,
@@ -43,7 +40,6 @@ from gateway.xiaozhi import (
     Hello,
     Listen,
     ListenMode,
-    ListenState,
     McpMessage,
     RemoteProtocolError,
     Role,
@@ -55,10 +51,6 @@ from gateway.xiaozhi import (
 )
 
 log = logging.getLogger(__name__)
-
-HELLO_TIMEOUT_S = 10.0
-
-TaskFactory = Callable[[], Coroutine[Any, Any, None]]
 
 
 class DeviceSocket(Protocol):
@@ -72,12 +64,7 @@ class SessionClosed(Exception):
     """The socket went away while sending."""
 
 
-def _bare(text: str) -> str:
-    """Text without punctuation, symbols and spaces, for wake-word comparison."""
-    return "".join(ch for ch in text if unicodedata.category(ch)[0] in "LN")
-
-
-class Session:
+class Session(ListenHandling):
     def __init__(self, socket: DeviceSocket, info: HandshakeInfo, services: Services) -> None:
         cfg = services.config
         self.socket = socket
@@ -92,29 +79,34 @@ class Session:
             max_binary_bytes=cfg.session.max_binary_frame_bytes,
         )
         self.sample_rate = cfg.audio.output_sample_rate
-        self.encoder = OpusEncoder(
-            self.sample_rate,
-            cfg.audio.frame_ms,
-            bitrate=cfg.audio.opus_bitrate,
-            complexity=cfg.audio.opus_complexity,
-        )
         self.listener = Listener(cfg.asr.vad, max_utterance_s=cfg.audio.max_utterance_s)
         self.conversation = Conversation(cfg.llm.system_prompt, max_turns=cfg.llm.max_history_turns)
+        self.tools = SessionTools(
+            cfg,
+            session_id=self.session_id,
+            voices=lambda: services.engine.voices,
+            set_voice=self._set_voice,
+            shared=services.tool_sources,
+            device=lambda: self.mcp,
+        )
         self.turns = Turns(
-            services=services,
+            engine=services.engine,  # type: ignore[arg-type]  # an EngineClient speaks the same interface
+            llm=services.llm,
             send=self._send,
-            encoder=self.encoder,
-            sample_rate=self.sample_rate,
+            config=turn_config(cfg),
             conversation=self.conversation,
             features=lambda: self.features,
+            tools=cfg.tools,
+            tool_sources=self.tools.sources,
             remember=self._remember if services.memory is not None and info.device_id else None,
+            recorder=metrics_recorder(services.metrics),
+            on_turn=lambda kind: services.metrics.turns_total.labels(kind).inc(),
         )
         self.mode = ListenMode.AUTO
         self.listening = False
         self.features: dict[str, Any] = {}
         self.mcp: DeviceMcpClient | None = None
         self.echo: EchoCanceller | None = None  # server-side AEC, chosen at hello (asr.aec)
-        self._hello_done = False
         self._turn: asyncio.Task[None] | None = None
         self._turn_lock = asyncio.Lock()
         self._recognition: asyncio.Task[None] | None = None  # speech being recognised
@@ -122,12 +114,17 @@ class Session:
         self._tg: asyncio.TaskGroup | None = None
         self._send_lock = asyncio.Lock()
         self._tts_stops_sent = 0
-        self._started = time.monotonic()
-        self._voice_at = self._started  # the user last spoke or typed
-        self._quiet_since = self._started  # the last reply or recognition ended
-        self._wake = asyncio.Event()  # re-arms the watchdog: a deadline may have come closer
-        self.watchdog_wakeups = 0
+        self.idle = IdleClock(cfg.session, busy=self._busy)
+        self._started = self.idle.started
         self._closing = False
+
+    @property
+    def watchdog_wakeups(self) -> int:
+        return self.idle.wakeups
+
+    @property
+    def _hello_done(self) -> bool:
+        return self.idle.hello_done
 
     # ---- lifecycle -------------------------------------------------------
 
@@ -169,42 +166,14 @@ class Session:
                 await self._on_text(message)
 
     async def _watchdog(self) -> None:
-        """Ends the session at its deadline: one sleep per deadline, no polling.
-
-        Voice only moves deadlines later, so it does not wake the watchdog: at the
-        old deadline it recomputes and sleeps again. `_wake` is set when a deadline
-        may have come closer (hello done, a reply or recognition ended).
-        """
-        while not self._closing:
-            reason, deadline = self._deadline()
-            now = time.monotonic()
-            if now >= deadline:
-                await self._end(reason)
-                return
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(deadline - now):
-                    await self._wake.wait()
-            self.watchdog_wakeups += 1
-
-    def _deadline(self) -> tuple[str, float]:
-        """The next reason to close, and when."""
-        if not self._hello_done:
-            return "no hello", self._started + HELLO_TIMEOUT_S
-        cfg = self.services.config.session
-        hard = ("no speech for idle_hard_s", self._voice_at + cfg.idle_hard_s)
-        if self._busy():
-            return hard
-        soft = ("no speech", max(self._voice_at, self._quiet_since) + cfg.idle_no_voice_s)
-        return min(soft, hard, key=lambda item: item[1])
+        """Ends the session at its idle deadline (gateway/session_idle.py)."""
+        reason = await self.idle.expired(lambda: self._closing)
+        if reason is not None:
+            await self._end(reason)
 
     def _busy(self) -> bool:
         """A reply is playing or an utterance is being recognised."""
         return any(task is not None and not task.done() for task in (self._turn, self._recognition))
-
-    def _became_quiet(self, _task: asyncio.Task[None]) -> None:
-        self._quiet_since = time.monotonic()
-        self._wake.set()
 
     async def _end(self, reason: str) -> None:
         """Closes the session from the inside; a reply still playing gets its `tts stop` first."""
@@ -214,9 +183,6 @@ class Session:
         async with self._turn_lock:
             await self._cancel_turn()
         await self.close()
-
-    def _heard_voice(self) -> None:
-        self._voice_at = time.monotonic()
 
     # ---- sending -----------------------------------------------------------
 
@@ -292,8 +258,7 @@ class Session:
             vision = VisionCapability(url=cfg.vision_url, token="")
             self.mcp = DeviceMcpClient(self._send_mcp, timeout_s=cfg.mcp_timeout_s, vision=vision)
         await self._send(ServerHello(session_id=self.session_id, audio_params=params))
-        self._hello_done = True
-        self._wake.set()  # the idle deadlines replace the hello deadline
+        self.idle.greeted()  # the idle deadlines replace the hello deadline
         if start_mcp and self.mcp is not None and self._tg is not None:
             # `initialize` only after our hello reply went out: clients set up MCP on that reply.
             self._tg.create_task(self._guard(self.mcp.start, "mcp"))
@@ -317,7 +282,7 @@ class Session:
         setting = self.services.config.asr.aec
         wanted = setting == "on" or (setting == "auto" and bool(self.features.get("aec")))
         if wanted and self.echo is None:
-            self.echo = EchoCanceller(EchoReference())
+            self.echo = EchoCanceller(EchoReference(), linear=self.services.config.asr.aec_double_talk)
             echo = self.echo
             self.listener.clean = lambda pcm, ts: echo.process(pcm, self._now_ms(), ts)
 
@@ -330,42 +295,6 @@ class Session:
 
     async def _send_mcp(self, payload: dict[str, Any]) -> None:
         await self._send(McpMessage(payload=payload))
-
-    async def _on_listen(self, listen: Listen) -> None:
-        if listen.state == ListenState.START:
-            if listen.mode is not None:
-                self.mode = listen.mode
-            self.listener.reset(endpointing=self.mode != ListenMode.MANUAL)
-            self.listening = True
-        elif listen.state == ListenState.STOP:
-            self.listening = False
-            pcm = self.listener.take()
-            if pcm.size >= self.services.config.asr.min_utterance_s * 16000:
-                self._heard_voice()
-                self._recognise(pcm)
-        elif listen.state == ListenState.DETECT:
-            await self._on_detect((listen.text or "").strip())
-
-    async def _on_detect(self, text: str) -> None:
-        # The wake word's own audio (burst before `detect`, tail after it) is no query.
-        self._cancel_recognition()
-        self.listener.mute(self.services.config.asr.vad.detect_mute_s)
-        if not text:
-            return
-        self._heard_voice()
-        cfg = self.services.config.session
-        bare = _bare(text)
-        spoken = self.turns.spoken
-        if bare and bare in {_bare(w) for w in cfg.wake_words}:
-            if cfg.enable_greeting:
-                await self._start_turn(functools.partial(spoken, None, [cfg.greeting], kind="greeting"))
-            else:
-                await self._start_turn(functools.partial(spoken, text, [], kind="greeting"))
-            return
-        if bare and bare in {_bare(w) for w in cfg.exit_commands}:
-            await self._start_turn(functools.partial(self._exit_turn, text))
-            return
-        await self._start_turn(functools.partial(self.turns.query, text))
 
     # ---- turns -------------------------------------------------------------
 
@@ -380,7 +309,7 @@ class Session:
             if self._tg is None or self._closing:
                 return
             self._turn = self._tg.create_task(self._guard(make_turn, "turn"))
-            self._turn.add_done_callback(self._became_quiet)
+            self._turn.add_done_callback(self.idle.became_quiet)
 
     async def _cancel_turn(self, *, aborted: bool = False) -> bool:
         """Cancels the running turn (its finally sends `tts stop`); True if one ran."""
@@ -415,55 +344,16 @@ class Session:
         except Exception:
             log.exception("session %s: %s failed", self.session_id, what)
 
-    # ---- speech (listen modes, protocol §9 b-d) -------------------------------
+    async def _query_turn(self, text: str) -> None:
+        """The LLM's answer to `text`; the session closes after it if it ended the conversation."""
+        self.tools.end_requested = False
+        await self.turns.query(text)
+        if self.tools.end_requested and self._tg is not None:
+            log.info("session %s: the conversation was ended by the LLM", self.session_id)
+            self._tg.create_task(self.close())  # from its own task, as in _exit_turn
 
-    async def _on_speech(self, event: ListenEvent) -> None:
-        if isinstance(event, UtteranceStarted):
-            self._heard_voice()
-            # only with our echo cancelled can speech heard during a reply be the user's
-            barge_in = self.mode == ListenMode.REALTIME and self.echo is not None
-            if barge_in and self._turn is not None and not self._turn.done():
-                await self._cancel_turn(aborted=True)  # `tts stop` as soon as speech is heard
-        elif isinstance(event, UtteranceEnded):
-            self._heard_voice()
-            if event.speech_s >= self.services.config.asr.min_utterance_s:
-                self._recognise(event.pcm)
-
-    def _recognise(self, pcm: np.ndarray) -> None:
-        """Recognises an utterance in its own task; its text then starts the reply turn.
-
-        The playing reply goes on until then (without AEC a reply is only cut by
-        recognised speech). An utterance that ends while the previous one is still
-        being recognised continues it: both are recognised together.
-        """
-        if self._tg is None or self._closing:
-            return
-        if self._recognition is not None and not self._recognition.done():
-            self._recognition.cancel()
-            pcm = np.concatenate([self._recognising, pcm])
-        self._recognising = pcm
-        self._recognition = self._tg.create_task(
-            self._guard(functools.partial(self._recognition_task, pcm), "asr")
-        )
-        self._recognition.add_done_callback(self._became_quiet)
-
-    def _cancel_recognition(self) -> None:
-        if self._recognition is not None:
-            self._recognition.cancel()
-        self._recognition = None
-
-    async def _recognition_task(self, pcm: np.ndarray) -> None:
-        try:
-            text = (await self.services.asr.transcribe(pcm)).strip()
-        except ASRNotConfigured:
-            reply = self.services.config.asr.not_configured_reply
-            await self._start_turn(functools.partial(self.turns.spoken, None, [reply], kind="notice"))
-            return
-        except ASRError as exc:
-            log.warning("session %s: ASR failed: %s", self.session_id, exc)
-            return
-        if text:
-            await self._start_turn(functools.partial(self.turns.query, text))
+    def _set_voice(self, voice: str) -> None:
+        self.turns.voice = voice
 
     async def _exit_turn(self, text: str) -> None:
         self.services.metrics.turns_total.labels("exit").inc()

@@ -3,9 +3,11 @@
 The next sentence starts synthesising while the current one plays (one
 sentence of look-ahead); `sentence_start` goes out just before the first audio
 of its sentence. Each sentence tells the engine how much of this device's audio
-will play before it (`playback_ahead`: what the device still holds plus the
-unread audio of the sentences before it), so the engine's slack ranking puts a
-look-ahead sentence behind other devices' first chunks. Everything here runs inside the turn's task group, so a
+will play before it (`playback_ahead`, a value in seconds: what the device still
+holds plus the unread audio of the sentences before it), so the engine's slack
+ranking puts a look-ahead sentence behind other devices' first chunks. The engine
+decays the value at real time; it is sent again only when it changes materially
+(an earlier sentence got a chunk or finished), not per frame. Everything here runs inside the turn's task group, so a
 cancelled turn stops at its next await and sends nothing more.
 """
 
@@ -21,9 +23,11 @@ from audio_codecs.opus import OpusEncoder
 from gateway.pacer import Pacer
 from gateway.xiaozhi import AudioOut, TtsSentenceStart
 from tts_engine import SynthesisStream, TTSEngine
-from tts_engine.errors import EngineError
+from tts_engine.errors import EngineError, EngineUnavailable
 
 log = logging.getLogger(__name__)
+
+AHEAD_TOLERANCE_S = 0.05  # a playback credit off by more than this is sent again
 
 Send = Callable[[object], Awaitable[None]]
 
@@ -44,12 +48,14 @@ class Speaker:
         engine: TTSEngine,
         encoder: OpusEncoder,
         send: Send,
-        voice: str | None,
+        voice: str | None | Callable[[], str | None],  # a callable is asked at each sentence
         sample_rate: int,
         pacer: Pacer,
         on_frame: Callable[[], None] | None = None,
         on_sentence_error: Callable[[], None] | None = None,
+        apology: str | None = None,
     ) -> None:
+        """``apology`` is spoken once per turn when a sentence is lost with its engine worker."""
         self._engine = engine
         self._encoder = encoder
         self._send = send
@@ -58,9 +64,12 @@ class Speaker:
         self._pacer = pacer
         self._on_frame = on_frame
         self._on_sentence_error = on_sentence_error
+        self._apology = apology
         self.result = SpeakResult()
         self._queued: list[SynthesisStream] = []  # open sentence streams, in playing order
         self._unsent_frames = 0  # encoded frames of the current chunk still waiting for the pacer
+        # the playback credit last sent to each queued stream, and when (monotonic)
+        self._sent_ahead: dict[SynthesisStream, tuple[float, float]] = {}
 
     async def speak(self, sentences: AsyncIterator[str]) -> SpeakResult:
         ready: asyncio.Queue[tuple[str, SynthesisStream] | None] = asyncio.Queue(maxsize=1)
@@ -74,6 +83,8 @@ class Speaker:
                             await self._play_sentence(text, stream)
                     finally:
                         self._queued.remove(stream)
+                        self._sent_ahead.pop(stream, None)
+                        self._refresh_ahead()  # a sentence finished: the next plays after the device's rest
                 for packet in self._encoder.flush():
                     await self._send_frame(packet)
         finally:
@@ -90,12 +101,11 @@ class Speaker:
     ) -> None:
         async for text in sentences:
             try:
+                ahead = self._ahead_of(tuple(self._queued))
                 stream = self._engine.synthesize(
-                    text,
-                    voice=self._voice,
-                    sample_rate=self._rate,
-                    playback_ahead=self._ahead_of(tuple(self._queued)),
+                    text, voice=self._voice_now(), sample_rate=self._rate, playback_ahead=ahead
                 )
+                self._sent_ahead[stream] = (ahead, time.monotonic())
             except EngineError as exc:
                 log.warning("synthesis of %r refused: %s", text[:40], exc)
                 if self._on_sentence_error:
@@ -110,18 +120,29 @@ class Speaker:
                 raise
         await ready.put(None)
 
-    def _ahead_of(self, earlier: tuple[SynthesisStream, ...]) -> Callable[[], float]:
-        """Seconds of this device's audio that play before a sentence queued behind ``earlier``.
-        Runs on the engine thread: it only reads plain attributes (the tuple never changes)."""
+    def _voice_now(self) -> str | None:
+        return self._voice() if callable(self._voice) else self._voice
+
+    def _ahead_of(self, earlier: tuple[SynthesisStream, ...]) -> float:
+        """Seconds of this device's audio that play before a sentence queued behind ``earlier``, now."""
         pacer = self._pacer
+        play_end = pacer.play_end
+        on_device = max(0.0, play_end - time.monotonic()) if play_end is not None else 0.0
+        unsent = self._unsent_frames * pacer.frame_s
+        return on_device + unsent + sum(s.unread_seconds for s in earlier if not s.is_aborted)
 
-        def ahead() -> float:
-            play_end = pacer.play_end
-            on_device = max(0.0, play_end - time.monotonic()) if play_end is not None else 0.0
-            unsent = self._unsent_frames * pacer.frame_s
-            return on_device + unsent + sum(s.unread_seconds for s in earlier if not s.is_aborted)
-
-        return ahead
+    def _refresh_ahead(self) -> None:
+        """Send each queued sentence its playback credit again where it moved away from what the engine
+        has (the value it was last sent, decayed at real time) by more than AHEAD_TOLERANCE_S."""
+        now = time.monotonic()
+        for index, stream in enumerate(self._queued):
+            if stream.is_aborted:
+                continue
+            ahead = self._ahead_of(tuple(self._queued[:index]))
+            sent, sent_at = self._sent_ahead.get(stream, (0.0, now))
+            if abs(ahead - max(0.0, sent - (now - sent_at))) > AHEAD_TOLERANCE_S:
+                stream.set_playback_ahead(ahead)
+                self._sent_ahead[stream] = (ahead, now)
 
     async def _play_sentence(self, text: str, stream: SynthesisStream) -> None:
         announced = False
@@ -133,6 +154,7 @@ class Speaker:
                     announced = True
                 packets = self._encoder.encode(chunk)
                 self._unsent_frames = len(packets)
+                self._refresh_ahead()  # this sentence got a chunk: the ones behind it wait longer
                 for packet in packets:
                     await self._send_frame(packet)
                     self._unsent_frames -= 1
@@ -141,6 +163,19 @@ class Speaker:
             self.result.failed_sentences += 1
             if self._on_sentence_error:
                 self._on_sentence_error()
+            if isinstance(exc, EngineUnavailable) and self._apology:
+                apology, self._apology = self._apology, None  # once per turn
+                await self._speak_apology(apology)
+
+    async def _speak_apology(self, text: str) -> None:
+        """The sentence's worker went away: say sorry through another one (routing skips the lost one)."""
+        try:
+            stream = self._engine.synthesize(text, voice=self._voice_now(), sample_rate=self._rate)
+        except EngineError as exc:
+            log.warning("the apology could not be synthesised either: %s", exc)
+            return
+        async with stream:
+            await self._play_sentence(text, stream)
 
     async def _send_frame(self, packet: bytes) -> None:
         await self._pacer.wait_turn()

@@ -1,112 +1,114 @@
-"""The bodies of a session's spoken turns: fixed sentences, and LLM replies.
+"""A session's turns: builds one `Turn` (gateway/turn.py) per reply from the session's plain parts.
 
-A turn sends `tts start`, speaks, and sends the one matching `tts stop` in its
-`finally`, whether it ends normally or is cancelled (abort, a new query, the
-end of the connection). The session decides when turns start and stop;
-this module only says what a turn sends.
+It keeps what lasts across a session's turns: the conversation history, the device's memory, the
+session's tool sources, its voice, and the device's features. What one turn sends is in `Turn`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from audio_codecs.opus import OpusEncoder
+from gateway.config import ToolsConfig
+from gateway.llm.base import ChatLLM
 from gateway.llm.conversation import Conversation
-from gateway.pacer import Pacer
-from gateway.reply import Reply, fixed_sentences
-from gateway.segmenter import SentenceSegmenter
-from gateway.services import Services
-from gateway.speaker import Speaker
-from gateway.xiaozhi import Stt, TtsStart, TtsStop
+from gateway.llm.tool_calls import ToolCallingLLM
+from gateway.metrics import GatewayMetrics
+from gateway.tools.base import ToolSource
+from gateway.tools.toolset import ToolSet
+from gateway.turn import Tools, Turn, TurnConfig, TurnRecorder
+from tts_engine import TTSEngine
+
+
+def metrics_recorder(metrics: GatewayMetrics) -> TurnRecorder:
+    """A turn's reports into the gateway's Prometheus metrics."""
+    return TurnRecorder(
+        frame_sent=metrics.frames_sent.inc,
+        sentence_failed=metrics.tts_errors.inc,
+        llm_failed=metrics.llm_errors.inc,
+        first_audio=metrics.observe_first_audio,
+        underruns=metrics.underruns.inc,
+    )
 
 
 class Turns:
     def __init__(
         self,
         *,
-        services: Services,
+        engine: TTSEngine,
+        llm: ChatLLM,
         send: Callable[[object], Awaitable[None]],
-        encoder: OpusEncoder,
-        sample_rate: int,
+        config: TurnConfig,
         conversation: Conversation,
         features: Callable[[], dict[str, Any]],
+        tools: ToolsConfig | None = None,  # None: no tools offered
+        tool_sources: Callable[[], list[ToolSource]] | None = None,
         remember: Callable[[str, str], None] | None = None,
+        recorder: TurnRecorder | None = None,
+        on_turn: Callable[[str], None] | None = None,  # a turn of this kind starts (metrics)
     ) -> None:
-        self._services = services
+        self._engine = engine
+        self._llm = llm
         self._send = send
-        self._encoder = encoder
-        self._sample_rate = sample_rate
+        self.config = config
         self._conversation = conversation
         self._features = features
+        self._tools_config = tools
+        self._tool_sources = tool_sources  # this turn's tool sources, in priority order
         self._remember = remember  # saves an exchange to the device's memory (never blocks)
+        self._recorder = recorder
+        self._on_turn = on_turn
+        self.voice: str | None = config.voice  # change_voice sets it for what follows
+        self.last: Turn | None = None  # the turn that ran last (or runs now)
 
-    async def speak(self, sentences: AsyncIterator[str], t_query: float) -> None:
-        """Sentences -> paced audio, then wait until `tts stop` may go out."""
-        cfg = self._services.config.audio
-        metrics = self._services.metrics
-        pacer = Pacer(
-            frame_s=cfg.frame_ms / 1000,
-            lead_frames=cfg.prebuffer_frames,
-            not_before=time.monotonic() + cfg.start_gap_ms / 1000,
-        )
-        speaker = Speaker(
-            engine=self._services.engine,
-            encoder=self._encoder,
+    def new_turn(self, *, tools: Tools = None, started: float | None = None) -> Turn:
+        self.last = Turn(
+            engine=self._engine,
+            llm=self._llm,
             send=self._send,
-            voice=self._services.config.tts.voice,
-            sample_rate=self._sample_rate,
-            pacer=pacer,
-            on_frame=metrics.frames_sent.inc,
-            on_sentence_error=metrics.tts_errors.inc,
+            config=self.config,
+            voice=lambda: self.voice,
+            tools=tools,
+            emotion=self._features().get("emoji", True) is not False,
+            recorder=self._recorder,
+            started=started,
         )
-        result = await speaker.speak(sentences)
-        if result.first_frame_at is not None:
-            metrics.observe_first_audio(result.first_frame_at - t_query)
-        if result.underruns:
-            metrics.underruns.inc(result.underruns)
-        delay = pacer.stop_time(cfg.stop_margin_ms / 1000) - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
+        return self.last
 
     async def spoken(self, stt_text: str | None, texts: list[str], *, kind: str) -> None:
         """A turn with fixed sentences (greeting, notices)."""
-        self._services.metrics.turns_total.labels(kind).inc()
-        t_query = time.monotonic()
-        if stt_text is not None:
-            await self._send(Stt(text=stt_text))
-        try:
-            await self._send(TtsStart())  # inside: a cancel while it is being sent still sends the stop
-            await self.speak(fixed_sentences(texts), t_query)
-        finally:
-            await self._send(TtsStop())
+        self._count(kind)
+        await self.new_turn().say(texts, stt=stt_text)
 
     async def query(self, text: str) -> None:
         """The user said or typed `text`: `stt`, then the LLM's streamed answer."""
-        self._services.metrics.turns_total.labels("query").inc()
-        t_query = time.monotonic()
-        cfg = self._services.config
-        await self._send(Stt(text=text))
-        reply = Reply(
-            llm=self._services.llm,
-            messages=self._conversation.messages_for(text),
-            segmenter=SentenceSegmenter(
-                first_segment_at_comma=cfg.segmenter.first_segment_at_comma,
-                max_chars=cfg.segmenter.max_chars,
-            ),
-            send=self._send,
-            apology=cfg.llm.apology,
-            send_emotion=self._features().get("emoji", True) is not False,
-            on_error=self._services.metrics.llm_errors.inc,
-        )
+        self._count("query")
+        turn = self.new_turn(tools=self._tools, started=time.monotonic())
         try:
-            await self._send(TtsStart())
-            await self.speak(reply.sentences(), t_query)
+            await turn.answer(text, self._conversation.messages_for(text))
         finally:
-            if reply.text.strip():
-                self._conversation.add_turn(text, reply.text)
-                if self._remember is not None:  # as far as it got when aborted, like the history
-                    self._remember(text, reply.text)
-            await self._send(TtsStop())
+            answer = turn.answer_text
+            if answer.strip():  # as far as it got when aborted
+                self._conversation.add_turn(text, answer)
+                if self._remember is not None:
+                    self._remember(text, answer)
+
+    def _count(self, kind: str) -> None:
+        if self._on_turn is not None:
+            self._on_turn(kind)
+
+    async def _tools(self) -> ToolSet | None:
+        """This turn's tools (none with `tools.enabled: false` or nothing offered)."""
+        cfg = self._tools_config
+        if cfg is None or not cfg.enabled or self._tool_sources is None:
+            return None
+        if not isinstance(self._llm, ToolCallingLLM):
+            return None
+        tools = await ToolSet.gather(
+            self._tool_sources(),
+            max_tools=cfg.max_tools,
+            max_argument_chars=cfg.max_argument_chars,
+            max_result_chars=cfg.max_result_chars,
+        )
+        return tools or None

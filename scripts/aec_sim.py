@@ -16,6 +16,8 @@ import numpy as np
 
 from audio_codecs.opus import OpusDecoder, OpusEncoder
 from gateway.aec import EchoCanceller, EchoReference
+from gateway.config import VADConfig
+from gateway.listener import Listener, UtteranceStarted
 from scripts.echo_path import EchoPath
 
 RATE = 16000
@@ -43,10 +45,11 @@ def simulate(
     near_at_s: float = 0.0,
     noise_dbfs: float = -65.0,
     seed: int = 0,
+    linear: bool = False,
 ) -> SimResult:
     encoder = OpusEncoder(RATE, 60)
     packets = encoder.encode(reply.astype(np.int16)) + encoder.flush()
-    canceller = EchoCanceller(EchoReference())
+    canceller = EchoCanceller(EchoReference(), linear=linear)
     decoder = OpusDecoder(RATE)
     rng = np.random.default_rng(seed)
     total = len(packets) + 10  # uplink frames: the reply and a little after
@@ -91,3 +94,14 @@ def erle_db(mic: np.ndarray, out: np.ndarray) -> float:
     energy_in = float(np.sum(mic.astype(np.float64) ** 2))
     energy_out = float(np.sum(out.astype(np.float64) ** 2))
     return 10 * np.log10(energy_in / max(energy_out, 1.0))
+
+
+def onsets(out: np.ndarray) -> list[float]:
+    """Seconds (stream time) at which the session's VAD (default config) confirms speech."""
+    listener = Listener(VADConfig())
+    times = []
+    for i in range(0, out.size - FRAME + 1, FRAME):
+        for event in listener.push_pcm(out[i : i + FRAME]):
+            if isinstance(event, UtteranceStarted):
+                times.append((i + FRAME) / RATE)
+    return times

@@ -25,9 +25,7 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gateway.config import VADConfig  # noqa: E402
-from gateway.listener import Listener, UtteranceStarted  # noqa: E402
-from scripts.aec_sim import FRAME, RATE, erle_db, simulate  # noqa: E402
+from scripts.aec_sim import RATE, erle_db, onsets, simulate  # noqa: E402
 from scripts.echo_path import EchoPath, room_impulse_response  # noqa: E402
 from scripts.speech import utterance  # noqa: E402
 
@@ -39,17 +37,6 @@ REPLIES = [
     "Tomorrow it will rain in the afternoon, so take an umbrella.",
 ]
 NEAR = ["Stop, tell me the time instead.", "Wait, what about tomorrow?", "Play some music please."]
-
-
-def onsets(out: np.ndarray) -> list[float]:
-    """Seconds (stream time) at which the session's VAD confirms speech."""
-    listener = Listener(VADConfig())
-    times = []
-    for i in range(0, out.size - FRAME + 1, FRAME):
-        for event in listener.push_pcm(out[i : i + FRAME]):
-            if isinstance(event, UtteranceStarted):
-                times.append((i + FRAME) / RATE)
-    return times
 
 
 def random_path(rng: np.random.Generator, seed: int) -> EchoPath:
@@ -66,11 +53,11 @@ def reply_audio(rng: np.random.Generator) -> np.ndarray:
     return utterance(texts, voice=voice, lead_s=0.1, gap_s=0.3, tail_s=0.3).pcm
 
 
-def echo_only(timestamps: bool, replies: int, seed: int) -> dict[str, float]:
+def echo_only(timestamps: bool, replies: int, seed: int, linear: bool) -> dict[str, float]:
     rng = np.random.default_rng(seed)
     erles, errors, false_barge_ins, cpu, audio_s = [], [], 0, 0.0, 0.0
     for n in range(replies):
-        result = simulate(reply_audio(rng), random_path(rng, n), timestamps=timestamps, seed=n)
+        result = simulate(reply_audio(rng), random_path(rng, n), timestamps=timestamps, seed=n, linear=linear)
         converged = slice(3 * RATE, None)
         erles.append(erle_db(result.mic[converged], result.out[converged]))
         if result.canceller.delay_ms is not None:
@@ -88,17 +75,24 @@ def echo_only(timestamps: bool, replies: int, seed: int) -> dict[str, float]:
     }
 
 
-def double_talk(timestamps: bool, trials: int, seed: int) -> dict[str, float]:
+def double_talk(timestamps: bool, trials: int, seed: int, linear: bool) -> dict[str, float]:
     rng = np.random.default_rng(seed + 1000)
     latencies, missed, early = [], 0, 0
     for n in range(trials):
         near = utterance(str(rng.choice(NEAR)), lead_s=0.0, tail_s=0.0).pcm
         at_s = float(rng.uniform(2.0, 5.0))
         result = simulate(
-            reply_audio(rng), random_path(rng, n), timestamps=timestamps, near=near, near_at_s=at_s, seed=n
+            reply_audio(rng),
+            random_path(rng, n),
+            timestamps=timestamps,
+            near=near,
+            near_at_s=at_s,
+            seed=n,
+            linear=linear,
         )
-        after = [t - at_s for t in onsets(result.out) if t >= at_s]
-        early += sum(1 for t in onsets(result.out) if t < at_s)
+        found = onsets(result.out)
+        after = [t - at_s for t in found if t >= at_s]
+        early += sum(1 for t in found if t < at_s)
         if after and after[0] < near.size / RATE:
             latencies.append(after[0])
         else:
@@ -120,13 +114,19 @@ def main() -> int:
     parser.add_argument("--replies", type=int, default=20)
     parser.add_argument("--double-talk", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--double-talk-detector",
+        action="store_true",
+        help="the experimental linear stage beside AEC3 (asr.aec_double_talk)",
+    )
     args = parser.parse_args()
+    linear = args.double_talk_detector
     for timestamps in (True, False):
         name = "v2 timestamps" if timestamps else "delay estimation"
         print(f"== {name}")
-        for key, value in echo_only(timestamps, args.replies, args.seed).items():
+        for key, value in echo_only(timestamps, args.replies, args.seed, linear).items():
             print(f"  echo only   {key:22s} {value:.4g}")
-        for key, value in double_talk(timestamps, args.double_talk, args.seed).items():
+        for key, value in double_talk(timestamps, args.double_talk, args.seed, linear).items():
             print(f"  double talk {key:22s} {value:.4g}")
     return 0
 

@@ -4,6 +4,7 @@
     python scripts/bench_gateway.py --devices 1,10,50 --backend espeak --turns 2
     python scripts/bench_gateway.py --burst --devices 20,50 --backend espeak --turns 2
     python scripts/bench_gateway.py --speech --devices 1,10,50 [--asr-model DIR]
+    python scripts/bench_gateway.py --devices 100 --backend gpu-sim,fake --engine inprocess,worker
 
 Starts the server in its own process (so its CPU time can be read from /proc),
 connects N devices, each sending typed queries (`listen detect`) and
@@ -27,6 +28,13 @@ follows. Latencies are then measured from the end of the user's speech: to the
 --asr-model (e.g. a SenseVoiceSmall directory), or else a tiny generated model
 (scripts/make_tiny_funasr_model.py) that exercises the same code path at
 almost no compute cost.
+
+With --engine the same runs repeat per engine placement: `inprocess` (engine.workers: 0, the engine
+thread shares the gateway's interpreter) and `worker` (engine.workers: 1, one engine worker process the
+gateway starts). The table then adds engine steps per second (xz_engine_steps_total over the run) and
+splits the CPU: `cpu_pct_per_device` is the gateway process alone, `worker_cpu_pct_per_device` the
+worker's. `--backend gpu-sim` is a stand-in for a GPU model whose step holds the GIL for
+--gpu-sim-python-ms (kernel launches) and then waits --gpu-sim-step-ms with it released.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from gateway.xiaozhi import Stt  # noqa: E402
+from scripts.bench_process_stats import child_pids, cpu_seconds, cpu_seconds_of, engine_steps  # noqa: E402
 from scripts.device_sim import DeviceSimulator, Turn  # noqa: E402
 from scripts.speech import Utterance, utterance  # noqa: E402
 
@@ -62,10 +71,10 @@ SPOKEN = [
     "Please play some music for me.",
     "Set a timer for ten minutes.",
 ]
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 FRAME_S = 0.06
 LATE_S = FRAME_S + 0.005  # a frame arriving later than this after the one before it is late
 EARLY_FRAMES = 10  # "first frames of a turn" for late10_pct
+ENGINE_ENV = {"inprocess": {"XZ_ENGINE__WORKERS": "0"}, "worker": {"XZ_ENGINE__WORKERS": "1"}}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -74,11 +83,6 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
     return ordered[k]
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def free_port() -> int:
@@ -186,8 +190,10 @@ async def bench(
     burst: bool = False,
 ) -> dict[str, float]:
     stats = Stats()
+    workers = child_pids(pid)
+    steps0 = await engine_steps(url, workers)
     t0 = time.monotonic()
-    cpu0 = cpu_seconds(pid)
+    cpu0, worker_cpu0 = cpu_seconds(pid), cpu_seconds_of(workers)
     starts = [t0 + ramp_s * i / max(devices, 1) for i in range(devices)]
     barrier = asyncio.Barrier(devices) if burst else None
     async with asyncio.TaskGroup() as tg:
@@ -195,6 +201,8 @@ async def bench(
             tg.create_task(run_device(url, i, turns, stats, starts[i], clips, barrier))
     wall = time.monotonic() - t0
     cpu = cpu_seconds(pid) - cpu0
+    worker_cpu = cpu_seconds_of(workers) - worker_cpu0
+    steps = await engine_steps(url, workers) - steps0
     return {
         "devices": devices,
         "turns": stats.turns,
@@ -210,6 +218,8 @@ async def bench(
         "late_pct": 100 * stats.late / stats.gaps if stats.gaps else float("nan"),
         "cpu_pct_per_device": 100 * cpu / wall / max(devices, 1),
         "server_cpu_pct": 100 * cpu / wall,
+        "worker_cpu_pct_per_device": 100 * worker_cpu / wall / max(devices, 1) if workers else float("nan"),
+        "steps_per_s": steps / wall,
     }
 
 
@@ -248,7 +258,12 @@ async def wait_ready(url: str, timeout: float = 60.0) -> None:
 
 
 def print_table(
-    backend: str, rows: list[dict[str, float]], *, speech: bool = False, burst: bool = False
+    backend: str,
+    rows: list[dict[str, float]],
+    *,
+    speech: bool = False,
+    burst: bool = False,
+    engine: str | None = None,
 ) -> None:
     cols = [
         ("devices", "{:>7.0f}"),
@@ -263,10 +278,12 @@ def print_table(
         ("late10_pct", "{:>10.1f}"),
         ("late_pct", "{:>8.1f}"),
         ("cpu_pct_per_device", "{:>18.2f}"),
+        *([("worker_cpu_pct_per_device", "{:>25.2f}"), ("steps_per_s", "{:>11.1f}")] if engine else []),
     ]
     notes = [" (speech: latencies from the end of the user's speech)" if speech else ""]
     notes.append(" (burst: every turn starts on all devices at once)" if burst else "")
-    print(f"\nbackend: {backend}" + "".join(notes))
+    engine_note = f", engine: {engine}" if engine else ""
+    print(f"\nbackend: {backend}{engine_note}" + "".join(notes))
     print(" ".join(f"{name:>{len(fmt.format(0))}}" for name, fmt in cols))
     for row in rows:
         print(" ".join(fmt.format(row[name]) for name, fmt in cols))
@@ -291,27 +308,39 @@ async def main_async(args: argparse.Namespace) -> int:
         asr_env = {"XZ_ASR__BACKEND": "none"}
         if args.speech:
             asr_env, clips = speech_setup(args, Path(workdir))
+        engines: list[str | None] = list(args.engine.split(",")) if args.engine else [None]
         for backend in args.backend.split(","):
-            port = free_port()
-            url = f"http://127.0.0.1:{port}"
-            extra = dict(asr_env)
-            if args.opus_complexity is not None:
-                extra["XZ_AUDIO__OPUS_COMPLEXITY"] = str(args.opus_complexity)
-            with server_process(backend, port, extra) as proc:
-                await wait_ready(url, timeout=120)
-                rows = []
-                for n in (int(x) for x in args.devices.split(",")):
-                    rows.append(
-                        await bench(url, proc.pid, n, args.turns, args.ramp, clips, burst=args.burst)
-                    )
-                print_table(backend, rows, speech=clips is not None, burst=args.burst)
+            for engine in engines:
+                port = free_port()
+                url = f"http://127.0.0.1:{port}"
+                extra = {**asr_env, **ENGINE_ENV.get(engine or "", {})}
+                if args.opus_complexity is not None:
+                    extra["XZ_AUDIO__OPUS_COMPLEXITY"] = str(args.opus_complexity)
+                if backend == "gpu-sim":
+                    extra["XZ_TTS__GPU_SIM__STEP_MS"] = str(args.gpu_sim_step_ms)
+                    extra["XZ_TTS__GPU_SIM__PYTHON_MS"] = str(args.gpu_sim_python_ms)
+                with server_process(backend, port, extra) as proc:
+                    await wait_ready(url, timeout=120)
+                    rows = []
+                    for n in (int(x) for x in args.devices.split(",")):
+                        rows.append(
+                            await bench(url, proc.pid, n, args.turns, args.ramp, clips, burst=args.burst)
+                        )
+                    print_table(backend, rows, speech=clips is not None, burst=args.burst, engine=engine)
     return 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", default="1,10,100", help="comma-separated device counts")
-    parser.add_argument("--backend", default="fake", help="fake, espeak (comma-separated for both)")
+    parser.add_argument("--backend", default="fake", help="fake, espeak, gpu-sim (comma-separated: each)")
+    parser.add_argument(
+        "--engine", default=None, help="inprocess, worker (comma-separated: each); default: as configured"
+    )
+    parser.add_argument("--gpu-sim-step-ms", type=float, default=20.0, help="gpu-sim: GIL-free wait per step")
+    parser.add_argument(
+        "--gpu-sim-python-ms", type=float, default=5.0, help="gpu-sim: GIL-held work per step"
+    )
     parser.add_argument("--turns", type=int, default=3, help="turns per device")
     parser.add_argument("--ramp", type=float, default=2.0, help="seconds over which devices connect")
     parser.add_argument("--opus-complexity", type=int, default=None, help="override audio.opus_complexity")

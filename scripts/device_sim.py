@@ -49,6 +49,9 @@ from gateway.xiaozhi import (  # noqa: E402
     TtsStop,
     XiaozhiConnection,
 )
+from scripts.sim_mcp import FIRMWARE_TOOLS, McpToolError, SimMcpServer  # noqa: E402
+
+__all__ = ["FIRMWARE_TOOLS", "DeviceSimulator", "McpToolError", "Record", "Turn"]
 
 
 @dataclass
@@ -157,7 +160,9 @@ class DeviceSimulator:
         self.conn = XiaozhiConnection(Role.DEVICE, binary_version=protocol_version)
         self.records: list[Record] = []
         self.raw_frames: list[bytes] = []
-        self.mcp_requests: list[dict[str, Any]] = []
+        # the device's MCP server (tools, recorded requests and calls, the speaker volume)
+        self.mcp = SimMcpServer(mcp_tools, self._send_mcp, page_size=mcp_page_size)
+        self.mcp_requests = self.mcp.requests
         self.server_hello: ServerHello | None = None
         self.closed = asyncio.Event()
         self._ws: Any = None
@@ -223,6 +228,7 @@ class DeviceSimulator:
         return self.server_hello
 
     async def close(self) -> None:
+        self.mcp.close()
         if self._ws is not None:
             await self._ws.close()
         if self._reader is not None:
@@ -288,7 +294,7 @@ class DeviceSimulator:
                 else:
                     event = self.conn.receive_text(message)
                     if isinstance(event, McpMessage):
-                        await self._answer_mcp(event.payload)
+                        await self.mcp.answer(event.payload)
                 record = Record(t, event)
                 self.records.append(record)
                 self._inbox.put_nowait(record)
@@ -297,29 +303,8 @@ class DeviceSimulator:
         finally:
             self.closed.set()
 
-    async def _answer_mcp(self, payload: dict[str, Any]) -> None:
-        self.mcp_requests.append(payload)
-        if self.mcp_tools is None or "id" not in payload:
-            return
-        method = payload.get("method")
-        if method == "initialize":
-            result: dict[str, Any] = {
-                "protocolVersion": "2024-11-05",
-                "capabilities": {"tools": {}},
-                "serverInfo": {"name": "sim", "version": "2.4.2"},
-            }
-        elif method == "tools/list":
-            names = [t["name"] for t in self.mcp_tools]
-            cursor = (payload.get("params") or {}).get("cursor")
-            start = names.index(cursor) if cursor in names else 0
-            page = self.mcp_tools[start : start + self.mcp_page_size]
-            nxt = names[start + self.mcp_page_size] if start + self.mcp_page_size < len(names) else ""
-            result = {"tools": page, "nextCursor": nxt}
-        else:
-            reply = {"jsonrpc": "2.0", "id": payload["id"], "error": {"message": f"Unknown method: {method}"}}
-            await self.send(McpMessage(payload=reply))
-            return
-        await self.send(McpMessage(payload={"jsonrpc": "2.0", "id": payload["id"], "result": result}))
+    async def _send_mcp(self, payload: dict[str, Any]) -> None:
+        await self.send(McpMessage(payload=payload))
 
     async def next_event(self, kind: type | tuple[type, ...] = object, *, timeout: float = 10.0) -> Record:
         """The next received record whose event is of `kind` (others are skipped)."""

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs everything the gateway needs on a fresh Debian machine, into the
 # active Python (activate a virtualenv first if you want one):
-#   apt: libopus0 (Opus codec), espeak-ng (the built-in voice), chromium and
-#        fonts-noto-color-emoji (the web console's browser tests, driven by Playwright)
+#   apt: libopus0 (Opus codec), libspeexdsp1 (server AEC's linear stage), espeak-ng (the
+#        built-in voice), chromium and
+#        fonts-noto-color-emoji (the web console's browser tests, driven by Playwright),
+#        nginx (tests/test_deploy_topology.py runs deploy/nginx.conf unprivileged on loopback)
 #   pip: torch==2.13.0 when no torch is installed, then this project + test and
 #        asr extras, and FunASR for speech recognition (see below)
 # With --models it then downloads the speech models (scripts/download_model.py:
@@ -21,7 +23,7 @@ for arg in "$@"; do
   case "$arg" in
     --models) models=1 ;;
     --serve) serve=1 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *)
       if [ "$serve" -eq 1 ]; then
         serve_args+=("$arg")
@@ -34,7 +36,7 @@ for arg in "$@"; do
 done
 
 missing=()
-for pkg in libopus0 espeak-ng chromium fonts-noto-color-emoji; do
+for pkg in libopus0 libspeexdsp1 espeak-ng chromium fonts-noto-color-emoji nginx; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -65,6 +67,15 @@ if ! "$PY" -c "import importlib.util as u; assert u.find_spec('funasr') and u.fi
      >/dev/null 2>&1; then
   echo "setup: installing FunASR for speech recognition (SenseVoice inference only)"
   "$PY" -m pip install -q --no-deps funasr==1.4.16 librosa==0.11.0
+fi
+
+# xiaozhi-sdk (tests/test_xiaozhi_sdk_client.py: a third-party device client) without its declared
+# dependencies: its CLI's sounddevice (needs PortAudio), pydub, pillow, colorlog, ... are never
+# imported by its client core, whose imports (aiohttp, py-machineid, opuslib, requests) are in the
+# `test` extra. Its `opuslib` (module opuslib) and our opuslib-next (module opuslib_next) coexist.
+if ! "$PY" -c "import importlib.util as u; assert u.find_spec('xiaozhi_sdk')" >/dev/null 2>&1; then
+  echo "setup: installing xiaozhi-sdk (a device client for the tests) without its CLI's dependencies"
+  "$PY" -m pip install -q --no-deps xiaozhi-sdk==0.5.1
 fi
 
 if [ "$models" -eq 1 ]; then

@@ -50,8 +50,9 @@ async def running_gateway(
     llm: Any = None,
     max_buffered_chunks: int = 8,
 ) -> AsyncIterator[RunningGateway]:
-    # Tests pin ASR off unless they ask for it: `auto` could try to download a model.
-    base: dict[str, Any] = {"asr": {"backend": "none"}}
+    # Tests pin ASR off unless they ask for it: `auto` could try to download a model. The engine runs
+    # in this process (engine.workers: 0) unless a test asks for worker processes.
+    base: dict[str, Any] = {"asr": {"backend": "none"}, "engine": {"workers": 0}}
     for key, value in (overrides or {}).items():
         base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
     config = load_config(environ={}, overrides=base)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from scripts.aec_sim import erle_db, simulate
+from scripts.aec_sim import erle_db, onsets, simulate
 from scripts.echo_path import EchoPath, room_impulse_response
 from scripts.speech import RATE, utterance
 
@@ -49,6 +49,23 @@ def test_near_end_speech_survives_double_talk(reply):
     kept = erle_db(near, talked.out[span].astype(np.float64) - silent.out[span])
     assert kept < 8  # at most 8 dB of the near-end speech lost while the reply plays
     assert erle_db(near, talked.out[span]) < 8
+
+
+@pytest.mark.parametrize("timestamps", [True, False], ids=["v2-timestamps", "estimated"])
+def test_double_talk_detector_barges_in_within_400ms(reply, timestamps):
+    # "Stop" about as loud as the echo, 3.5 s into the first reply: AEC3 alone takes 20-40 dB off it
+    # and the session's VAD finds the user 820-1420 ms late; the experimental linear stage
+    # (asr.aec_double_talk) passes the user's speech
+    near = utterance("Stop, tell me the time instead.", lead_s=0.0, tail_s=0.0).pcm
+    at_s = 3.5
+    path = lambda: EchoPath(delay_ms=130, gain_db=-11, rir=room_impulse_response(seed=11))  # noqa: E731
+    talked = simulate(reply, path(), timestamps=timestamps, near=near, near_at_s=at_s, seed=11, linear=True)
+    found = onsets(talked.out)
+    assert found and at_s < found[0] <= at_s + 0.4
+    silent = simulate(reply, path(), timestamps=timestamps, seed=11, linear=True)
+    assert onsets(silent.out) == []  # the echo alone is never speech
+    converged = slice(3 * RATE, reply.size)
+    assert erle_db(silent.mic[converged], silent.out[converged]) >= 25
 
 
 def test_long_delay_is_found_without_timestamps(reply):

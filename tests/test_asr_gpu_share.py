@@ -5,8 +5,40 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gateway.asr.gpu_share import GIB, CudaMeter, MemoryUse, apply_process_cap, check_share, resolve_device
+from gateway.asr.gpu_share import (
+    GIB,
+    CudaMeter,
+    MemoryUse,
+    apply_engine_cap,
+    apply_process_cap,
+    check_share,
+    resolve_device,
+)
 from gateway.config import ConfigError, GPUConfig, load_config
+from tts_engine.gpu_share import apply_engine_share, reset_gpu_shares
+
+
+@pytest.fixture(autouse=True)
+def _fresh_claims():
+    reset_gpu_shares()
+    yield
+    reset_gpu_shares()
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch) -> list[tuple[float, int]]:
+    """An 80 GiB device; the fractions set on it, in order."""
+    calls: list[tuple[float, int]] = []
+
+    class Props:
+        total_memory = 80 * GIB
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Props())
+    monkeypatch.setattr(
+        torch.cuda, "set_per_process_memory_fraction", lambda f, index: calls.append((f, index))
+    )
+    return calls
 
 
 def test_the_split_is_validated_and_the_tts_gets_the_rest():
@@ -25,20 +57,43 @@ def test_no_cap_on_cpu_or_without_a_plan():
     assert apply_process_cap(None, "cuda") is None
 
 
-def test_the_process_cap_is_the_plan_over_the_device_total(monkeypatch):
-    calls = []
+def test_engine_in_process_the_cap_is_the_whole_plan_whichever_loads_first(fake_gpu):
+    plan = GPUConfig(memory_gib=20, asr_memory_gib=2)
+    assert apply_process_cap(plan, "cuda") == pytest.approx(2 / 80)  # the ASR first: its share alone
+    assert apply_engine_cap(plan, None, "cuda") == pytest.approx(0.25)  # then the engine: the plan
+    reset_gpu_shares()
+    assert apply_engine_cap(plan, 10.0, "cuda:1") == pytest.approx(18 / 80)  # the TTS part of the plan
+    assert apply_process_cap(plan, "cuda:1") == pytest.approx(0.25)
+    big = GPUConfig(memory_gib=200, asr_memory_gib=2)
+    assert apply_process_cap(big, "cuda:2") is not None and apply_engine_cap(big, None, "cuda:2") == 1.0
+    assert fake_gpu[-1] == (1.0, 2)
 
-    class Props:
-        total_memory = 80 * GIB
 
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Props())
-    monkeypatch.setattr(
-        torch.cuda, "set_per_process_memory_fraction", lambda f, index: calls.append((f, index))
-    )
-    assert apply_process_cap(GPUConfig(memory_gib=20, asr_memory_gib=2), "cuda") == pytest.approx(0.25)
-    assert apply_process_cap(GPUConfig(memory_gib=200, asr_memory_gib=2), "cuda:1") == 1.0
-    assert calls == [(pytest.approx(0.25), 0), (1.0, 1)]
+def test_each_process_caps_only_itself(fake_gpu):
+    plan = GPUConfig(memory_gib=20, asr_memory_gib=2)
+    # the gateway with the engine in workers holds the ASR only
+    assert apply_process_cap(plan, "cuda") == pytest.approx(2 / 80)
+    reset_gpu_shares()  # an engine worker is another process: its own claims
+    assert apply_engine_share("cuda", memory_gib=20, asr_memory_gib=2) == pytest.approx(18 / 80)
+    reset_gpu_shares()
+    assert apply_engine_share("cuda", engine_gpu_memory_gib=8.0) == pytest.approx(0.1)  # no plan: its budget
+    reset_gpu_shares()
+    assert apply_engine_share("cuda", engine_gpu_memory_gib=0.3) == pytest.approx(0.3)  # a fraction
+    reset_gpu_shares()
+    assert apply_engine_share("cuda") is None  # nothing to cap at
+    assert apply_engine_share("cpu", memory_gib=20, asr_memory_gib=2) is None
+    assert fake_gpu == [
+        (pytest.approx(2 / 80), 0),
+        (pytest.approx(18 / 80), 0),
+        (pytest.approx(0.1), 0),
+        (0.3, 0),
+    ]
+
+
+def test_without_a_plan_the_gateway_process_stays_uncapped(fake_gpu):
+    assert apply_engine_cap(GPUConfig(), 8.0, "cuda") is None  # today's in-process behaviour
+    assert apply_process_cap(GPUConfig(), "cuda") is None
+    assert fake_gpu == []
 
 
 def test_device_choice(monkeypatch):

@@ -15,6 +15,7 @@ from cosyvoice.graph_decode import GraphDecodeRunner
 from cosyvoice.llm import LengthRule
 from cosyvoice.model import CosyVoice3
 from gateway.llm.echo import EchoLLM
+from gateway.voice_store import VoiceStore
 from gateway.xiaozhi import AudioOut, TtsStop
 from scripts.device_sim import DeviceSimulator
 from scripts.make_tiny_model import make_model_dir
@@ -22,7 +23,8 @@ from tests.gateway_server import running_gateway
 from tts_engine import SynthesisFailed, TTSEngine
 from tts_engine.backends.cosyvoice import CosyVoiceBackend, kv_cache_bytes
 from tts_engine.backends.cosyvoice.request import CosyVoiceStream
-from tts_engine.voices import VoiceError, VoiceStore
+from tts_engine.budget import StepBudget
+from tts_engine.voices import VoiceError
 
 SAMPLES_PER_TOKEN = 960  # 2 mel frames of 480 samples at 24 kHz
 SEED = 7
@@ -194,6 +196,22 @@ def test_hop_rows_per_step_are_capped_in_the_given_priority_order(
     assert first_audio_step[2] < first_audio_step[0] < first_audio_step[1]
     for got, want in zip(chunks, solo, strict=True):
         np.testing.assert_allclose(audio(got), want, atol=1e-3)  # deferring a hop changes nothing
+
+
+def test_prefills_per_step_follow_the_budget_in_the_given_order(backend: CosyVoiceBackend) -> None:
+    streams = [backend.open_stream(t, "default", 1.0) for t in ("你好。", "早安。", "好的。")]
+    order = [streams[2], streams[0], streams[1]]  # the engine's ranking
+    backend.step(order, StepBudget(prefill_rows=1))
+    assert backend.runner.num_free_slots == MAX_BATCH - 1 and streams[2].segments[0].llm.slot is not None
+    assert backend.step_stats()["prefills_deferred"] == 2
+    backend.step(order, StepBudget(prefill_rows=1))
+    assert streams[0].segments[0].llm.slot is not None and streams[1].segments[0].llm.slot is None
+    backend.step(order)  # no budget given: the declared limits (no prefill cap)
+    assert backend.runner.num_free_slots == MAX_BATCH - 3
+    assert backend.limits().max_streams == MAX_BATCH and backend.capacity() == MAX_BATCH
+    for stream in streams:
+        stream.close()
+    assert backend.runner.num_free_slots == MAX_BATCH
 
 
 def test_bad_hop_row_cap_is_refused(model: CosyVoice3, voices: VoiceStore) -> None:

@@ -340,7 +340,7 @@ async def test_mcp_initialize_and_paged_tools_list():
         session = next(iter(gw.services.sessions.values()))
         await gw.call(asyncio.wait_for(session.mcp.ready.wait(), 5))
         assert [t["name"] for t in session.mcp.tools] == [t["name"] for t in tools]
-        with pytest.raises(McpError, match="Unknown method"):
+        with pytest.raises(McpError, match="Unknown tool: self.tool0"):
             await gw.call(session.mcp.call_tool("self.tool0", {"x": 1}))
         await sim.close()
     requests = sim.mcp_requests

@@ -23,6 +23,7 @@ from tts_engine import (
 from tts_engine.backends.base import Backend, BackendStream
 from tts_engine.backends.espeak import EspeakBackend
 from tts_engine.backends.fake import FakeBackend
+from tts_engine.budget import UNCAPPED, BackendLimits, StepBudget
 from tts_engine.resample import resample
 
 FAIL = "FAILNOW"
@@ -362,6 +363,31 @@ async def test_speed_changes_the_duration(engines: MakeEngine) -> None:
     normal = sum(c.size for c in await read_all(engine.synthesize("abcdefgh")))
     fast = sum(c.size for c in await read_all(engine.synthesize("abcdefgh", speed=2.0)))
     assert normal == 6400 and fast == 3200
+
+
+async def test_the_engine_admits_against_declared_limits_and_hands_each_step_its_budget(
+    engines: MakeEngine,
+) -> None:
+    budgets: list[StepBudget] = []
+    open_at_once: list[int] = []
+
+    class Capped(FakeBackend):
+        max_batch_size = 3
+
+        def limits(self) -> BackendLimits:
+            return BackendLimits(max_streams=2, max_batch_size=3, max_prefill_rows=1, max_hop_rows=1)
+
+        def step(self, streams: list[BackendStream], budget: StepBudget = UNCAPPED) -> list[Any]:
+            budgets.append(budget)
+            open_at_once.append(len(streams))
+            return super().step(streams)
+
+    engine = await engines(Capped(16000))
+    await asyncio.gather(*(read_all(engine.synthesize(TEXT)) for _ in range(5)))
+    assert budgets and set(budgets) == {StepBudget(prefill_rows=1, hop_rows=1)}
+    assert max(open_at_once) == 2  # never more streams than the declared capacity
+    health = engine.health()["batching"]
+    assert health["capacity"] == 2 and health["max_batch_size"] == 3
 
 
 class _ExplodingStepBackend(FakeBackend):

@@ -9,12 +9,12 @@ import pytest
 
 from cosyvoice.llm import LengthRule
 from cosyvoice.model import CosyVoice3
+from gateway.voice_store import VoiceStore
 from scripts.make_tiny_model import make_model_dir
 from tests.test_backend_cosyvoice import prompt_wav
 from tts_engine import EngineOverloaded, SynthesisFailed, TTSEngine
 from tts_engine.backends.cosyvoice import CosyVoiceBackend, kv_cache_bytes
 from tts_engine.memory import MemoryBudget, estimate_activation_bytes_per_row, module_bytes
-from tts_engine.voices import VoiceStore
 
 SEED = 11
 MAX_LLM_LEN = 256

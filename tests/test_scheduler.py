@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tts_engine.budget import BackendLimits, StepBudget
 from tts_engine.request import ChunkCredit, EngineRequest, RequestStatus
 from tts_engine.scheduler import Scheduler
 
@@ -33,16 +34,14 @@ def produce(request: EngineRequest, *, samples: int, consumed: int = 0, chunks: 
     request.credit.num_consumed += chunks if consumed >= samples else 0
 
 
-def make_scheduler(capacity: int | None = None, **options) -> tuple[Scheduler, Clock, list[int]]:
+def make_scheduler(
+    capacity: int | None = None, *, max_batch_size: int = 8, **options
+) -> tuple[Scheduler, Clock, BackendLimits]:
+    """A scheduler for a backend that declares ``capacity`` streams (None: no limit)."""
     clock = Clock()
-    open_count = [0]
-
-    def can_admit(num: int) -> bool:
-        return capacity is None or open_count[0] + num <= capacity
-
-    options.setdefault("max_batch_size", 8)
+    limits = BackendLimits(max_streams=capacity, max_batch_size=max_batch_size)
     options.setdefault("max_buffered_chunks", 4)
-    return Scheduler(can_admit=can_admit, clock=clock, **options), clock, open_count
+    return Scheduler(limits=limits, clock=clock, **options), clock, limits
 
 
 def ids(requests: list[EngineRequest]) -> list[str]:
@@ -66,33 +65,39 @@ def test_first_chunks_go_first_then_least_slack() -> None:
 def test_audio_queued_ahead_counts_as_slack() -> None:
     """A session's look-ahead sentence waits behind the audio still to play before it."""
     scheduler, clock, _ = make_scheduler()
-    queued = [2.5]
     lookahead = make_request("lookahead")
-    lookahead.playback_ahead = lambda: queued[0]
     other_first = make_request("other_first")
     running = make_request("running")
     for request in (lookahead, other_first, running):
         scheduler.add_request(request)
         clock.now += 1
+    lookahead.credit.ahead = (2.5, clock.now)
     scheduler.schedule()
     produce(running, samples=16000, consumed=16000 - 4800)  # 0.3 s unread
     assert scheduler.get_slack(lookahead) == pytest.approx(2.5)
     assert ids(scheduler.schedule().scheduled) == ["other_first", "running", "lookahead"]
-    queued[0] = 0.0  # the earlier sentence has played out: the look-ahead is a first chunk again
+    clock.now += 1.0  # the value decays at real time: 1.5 s still play before it
+    assert scheduler.get_slack(lookahead) == pytest.approx(1.5)
+    lookahead.credit.ahead = (0.0, clock.now)  # the earlier sentence has played out: a first chunk again
     assert ids(scheduler.schedule().scheduled) == ["lookahead", "other_first", "running"]
 
 
-@pytest.mark.parametrize("hint", [float("nan"), -4.0, "soon", None])
-def test_a_bad_playback_ahead_hint_counts_as_nothing_ahead(hint) -> None:
+def test_the_playback_credit_decays_to_nothing_and_never_below() -> None:
+    scheduler, clock, _ = make_scheduler()
+    request = make_request("r")
+    scheduler.add_request(request)
+    request.credit.ahead = (0.5, clock.now)
+    clock.now += 0.2
+    assert scheduler.get_slack(request) == pytest.approx(0.3)
+    clock.now += 5
+    assert scheduler.get_slack(request) == 0.0
+
+
+@pytest.mark.parametrize("hint", [float("nan"), float("inf"), -4.0, "soon", None])
+def test_a_bad_playback_ahead_value_counts_as_nothing_ahead(hint) -> None:
     scheduler, _, _ = make_scheduler()
     request = make_request("r")
-
-    def ahead() -> float:
-        if hint is None:
-            raise RuntimeError("consumer went away")
-        return hint  # type: ignore[return-value]
-
-    request.playback_ahead = ahead
+    request.credit.set_ahead(hint)
     scheduler.add_request(request)
     assert ids(scheduler.schedule().scheduled) == ["r"]
     assert scheduler.get_slack(request) == 0.0
@@ -130,29 +135,27 @@ def test_the_batch_is_capped_at_max_batch_size() -> None:
 
 
 def test_admission_is_fifo_against_the_backends_capacity() -> None:
-    scheduler, _, open_count = make_scheduler(capacity=2)
+    scheduler, _, _ = make_scheduler(capacity=2)
     for i in range(4):
         scheduler.add_request(make_request(f"r{i}"))
     plan = scheduler.schedule()
     assert ids(plan.new_requests) == ["r0", "r1"]
     assert ids(plan.scheduled) == ["r0", "r1"]
     assert ids(scheduler.waiting) == ["r2", "r3"]
-    open_count[0] = 2
     assert ids(scheduler.schedule().new_requests) == []
-    scheduler.finish_requests(["r0"], RequestStatus.FINISHED_STOPPED)
-    open_count[0] = 1
+    assert scheduler.stats["capacity_free"] == 0
+    scheduler.finish_requests(["r0"], RequestStatus.FINISHED_STOPPED)  # its capacity comes back at once
     plan = scheduler.schedule()
     assert ids(plan.new_requests) == ["r2"]
     assert ids(scheduler.waiting) == ["r3"]
 
 
 def test_no_work_when_everything_is_parked_or_waiting_for_capacity() -> None:
-    scheduler, _, open_count = make_scheduler(capacity=1, max_buffered_chunks=1)
+    scheduler, _, _ = make_scheduler(capacity=1, max_buffered_chunks=1)
     first, second = make_request("first"), make_request("second")
     scheduler.add_request(first)
     scheduler.add_request(second)
     scheduler.schedule()
-    open_count[0] = 1
     produce(first, samples=10)  # parked at the bound, holding the only slot
     assert not scheduler.has_work()  # the engine thread may block: nothing to spin on
     assert scheduler.get_wait_timeout() is None  # no bounded wait configured
@@ -160,11 +163,10 @@ def test_no_work_when_everything_is_parked_or_waiting_for_capacity() -> None:
 
 
 def test_a_request_waiting_too_long_times_out_and_the_timeout_bounds_the_block() -> None:
-    scheduler, clock, open_count = make_scheduler(capacity=1, max_queue_wait_s=2.0)
+    scheduler, clock, _ = make_scheduler(capacity=1, max_queue_wait_s=2.0)
     holder, late = make_request("holder"), make_request("late")
     scheduler.add_request(holder)
     scheduler.schedule()
-    open_count[0] = 1
     clock.now += 0.5
     scheduler.add_request(late)
     produce(holder, samples=10, chunks=4)  # parked
@@ -227,6 +229,48 @@ def test_stats_count_waiting_running_and_batch_sizes() -> None:
 
 def test_bad_settings_raise() -> None:
     with pytest.raises(ValueError, match="max_batch_size"):
-        Scheduler(max_batch_size=0, max_buffered_chunks=1)
+        BackendLimits(max_batch_size=0)
+    for name in ("max_streams", "max_prefill_rows", "max_hop_rows"):
+        for bad in (0, -1, True):
+            with pytest.raises(ValueError, match=name):
+                BackendLimits(**{name: bad})
     with pytest.raises(ValueError, match="max_queue_wait_s"):
-        Scheduler(max_batch_size=1, max_buffered_chunks=1, max_queue_wait_s=0)
+        Scheduler(limits=BackendLimits(max_batch_size=1), max_buffered_chunks=1, max_queue_wait_s=0)
+
+
+def test_every_plan_carries_the_declared_row_budget() -> None:
+    scheduler, _, _ = make_scheduler()
+    scheduler.add_request(make_request("r"))
+    assert scheduler.schedule().budget == StepBudget()  # no caps declared: none handed out
+    limits = BackendLimits(max_streams=4, max_batch_size=4, max_prefill_rows=2, max_hop_rows=3)
+    capped = Scheduler(limits=limits, max_buffered_chunks=4)
+    for i in range(3):
+        capped.add_request(make_request(f"r{i}"))
+    plan = capped.schedule()
+    assert plan.budget == StepBudget(prefill_rows=2, hop_rows=3) and plan.budget.is_capped
+    assert ids(plan.scheduled) == ["r0", "r1", "r2"]  # the budget caps rows inside the step, not the batch
+
+
+def test_the_scheduler_is_the_one_capacity_count() -> None:
+    """Capacity is freed the moment a request leaves by any way out, and counted for nothing else."""
+    scheduler, _, _ = make_scheduler(capacity=2, max_buffered_chunks=1)
+    for i in range(5):
+        scheduler.add_request(make_request(f"r{i}"))
+    assert ids(scheduler.schedule().new_requests) == ["r0", "r1"]
+    produce(scheduler.requests["r0"], samples=10)  # parked: it keeps its capacity
+    assert not scheduler.can_admit() and scheduler.num_free == 0
+    assert ids(scheduler.schedule().new_requests) == []
+    scheduler.finish_requests(["r0"], RequestStatus.FINISHED_ABORTED)
+    scheduler.finish_requests(["r3"], RequestStatus.FINISHED_ABORTED)  # a waiting one frees nothing
+    assert scheduler.num_free == 1
+    assert ids(scheduler.schedule().new_requests) == ["r2"]
+    scheduler.finish_requests(["r1", "r2"], RequestStatus.FINISHED_FAILED)
+    assert ids(scheduler.schedule().new_requests) == ["r4"]
+    assert scheduler.stats["capacity"] == 2 and scheduler.stats["capacity_free"] == 1
+
+
+def test_the_step_budget_takes_rows_in_rank_order() -> None:
+    rows = ["least_slack", "middle", "ahead"]
+    assert StepBudget.take(rows, None) == (rows, 0)
+    assert StepBudget.take(rows, 5) == (rows, 0)
+    assert StepBudget.take(rows, 2) == (["least_slack", "middle"], 1)

@@ -14,15 +14,18 @@ from tts_engine.backends.fake import FakeBackend
 
 
 class RecordingEngine:
-    """The real engine, with each sentence's playback_ahead hint kept for the test to call."""
+    """The real engine, with each sentence's stream kept: its playback credit is what the engine ranks by."""
 
     def __init__(self, engine: TTSEngine) -> None:
         self._engine = engine
-        self.hints: list = []
+        self.streams: list = []
+        self.submitted: list[float] = []
 
     def synthesize(self, text: str, **kwargs):
-        self.hints.append(kwargs.get("playback_ahead"))
-        return self._engine.synthesize(text, **kwargs)
+        self.submitted.append(kwargs.get("playback_ahead"))
+        stream = self._engine.synthesize(text, **kwargs)
+        self.streams.append(stream)
+        return stream
 
 
 async def test_each_sentence_is_queued_behind_the_audio_before_it() -> None:
@@ -36,11 +39,11 @@ async def test_each_sentence_is_queued_behind_the_audio_before_it() -> None:
     async def send(message: object) -> None:
         nonlocal frames
         if isinstance(message, TtsSentenceStart) and frames == 0:
-            seen["before_audio"].append(recording.hints[0]())
+            seen["before_audio"].append(recording.streams[0].playback_ahead)
         if isinstance(message, AudioOut):
             frames += 1
             if frames == 6:  # the first sentence is playing, the second is ready behind it
-                seen["first_sentence_playing"] = [hint() for hint in recording.hints]
+                seen["first_sentence_playing"] = [s.playback_ahead for s in recording.streams]
 
     speaker = Speaker(
         engine=recording,  # type: ignore[arg-type]
@@ -56,7 +59,7 @@ async def test_each_sentence_is_queued_behind_the_audio_before_it() -> None:
         await engine.close()
 
     assert result.spoken == ["abcdefgh", "ijklmnop"]
-    assert len(recording.hints) == 2 and all(callable(h) for h in recording.hints)
+    assert len(recording.streams) == 2 and all(isinstance(v, float) for v in recording.submitted)
     assert seen["before_audio"] == [0.0]  # nothing of this device plays before its first sentence
     first, second = seen["first_sentence_playing"]
     # 6 of the first sentence's 16 frames are out: its own hint is what it has made and the device

@@ -12,14 +12,9 @@ import pytest
 import yaml
 
 from audio_codecs.wav import read_wav, wav_bytes
+from gateway.voice_store import VoiceExists, VoiceStore
 from tts_engine.errors import UnknownVoice
-from tts_engine.voices import (
-    VoiceError,
-    VoiceExists,
-    VoicePreset,
-    VoiceStore,
-    decode_prompt_wav,
-)
+from tts_engine.voices import VoiceError, VoicePreset, decode_prompt_wav
 
 
 def tone_wav(seconds: float = 2.0, rate: int = 16000, channels: int = 1, freq: float = 220.0) -> bytes:

@@ -7,9 +7,10 @@
     chunk consumed ── _RESUME ────┘                                    -> drain inbox -> update
     SynthesisStream <── loop.call_soon_threadsafe(chunk / end) <─────────────┘
 
-The policy (admission against the backend's capacity, the bounded wait, ranking by playback slack,
-the batch cap) is the ``Scheduler``'s (tts_engine/scheduler.py); the thread's loop, step and delivery
-are ``EngineThread``'s (tts_engine/engine_thread.py); this module is the event-loop API. The thread blocks on the inbox whenever nothing is runnable (with a timeout only while a
+The policy (admission against the backend's declared limits, the bounded wait, ranking by playback
+slack, the batch cap, each step's row budget) is the ``Scheduler``'s (tts_engine/scheduler.py); the
+thread's loop, step and delivery are the ``EngineLoop``'s (tts_engine/engine_loop.py), which
+``TTSEngine`` holds; this module is the event-loop API. The thread blocks on the inbox whenever nothing is runnable (with a timeout only while a
 request waits for capacity, to fail it at ``max_queue_wait_s``): no polling. A request is runnable while
 its consumer holds fewer than ``max_buffered_chunks`` unread chunks (backpressure); the consumer wakes
 the thread when it takes a chunk at that bound. Aborts that arrive during a step are applied before
@@ -31,27 +32,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
-import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from tts_engine.arguments import MAX_SPEED, MIN_SPEED, SUPPORTED_SAMPLE_RATES, check_arguments, check_instruct
 from tts_engine.backends.base import Backend
-from tts_engine.engine_thread import (
-    _RESUME,
-    _SHUTDOWN,
-    EngineThread,
-    Inbox,
-    _Abort,
-    _Call,
-    _Command,
-    _NewRequest,
-)
+from tts_engine.engine_loop import CallOutcome, EngineLoop
 from tts_engine.errors import EngineClosed, EngineError, EngineOverloaded, UnknownVoice
 from tts_engine.request import ChunkCredit, EngineRequest, SynthesisStream
-from tts_engine.scheduler import Scheduler
 from tts_engine.voices import PromptAudio, VoiceError, VoicePreset, decode_prompt_wav
 
 __all__ = ["MAX_SPEED", "MIN_SPEED", "SUPPORTED_SAMPLE_RATES", "TTSEngine"]
@@ -59,7 +48,7 @@ __all__ = ["MAX_SPEED", "MIN_SPEED", "SUPPORTED_SAMPLE_RATES", "TTSEngine"]
 logger = logging.getLogger(__name__)
 
 
-class TTSEngine(EngineThread):
+class TTSEngine:
     """Shared speech engine: ``synthesize()`` returns a ``SynthesisStream`` of int16 chunks."""
 
     def __init__(
@@ -77,38 +66,28 @@ class TTSEngine(EngineThread):
         if max_buffered_chunks < 1:
             raise ValueError(f"max_buffered_chunks must be >= 1, got {max_buffered_chunks}")
         self._backend = backend
-        self._normalize_text = None if backend.reads_raw_text else text_normalizer
         self.max_pending_requests = max_pending_requests
         self.max_buffered_chunks = max_buffered_chunks
         self._voices = list(backend.voices())
         self._default_voice = backend.default_voice
-        self._inbox: queue.Queue[_Command] = Inbox(backend)
-        # Event-loop side.
+        self._engine = EngineLoop(
+            backend,
+            max_buffered_chunks=max_buffered_chunks,
+            max_queue_wait_s=max_queue_wait_s,
+            text_normalizer=text_normalizer,
+            on_call_done=self._finish_call,
+            on_stopped=self._on_thread_stopped,
+        )
+        self._scheduler = self._engine.scheduler  # read here for stats; written by the engine thread only
+        self.max_queue_wait_s = max_queue_wait_s
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
         self._stopped: asyncio.Future[None] | None = None
         self._is_closed = False
         self._streams: dict[str, SynthesisStream] = {}  # open streams by req_id
         self._num_requests_total = 0
         self._num_requests_rejected = 0
         self._num_submitted = 0  # requests put in the inbox
-        self._calls: set[asyncio.Future[Any]] = set()  # _Call futures not resolved yet
-        # Engine-thread side: only the engine thread writes these.
-        self._scheduler = Scheduler(
-            max_batch_size=max(1, backend.max_batch_size),
-            max_buffered_chunks=max_buffered_chunks,
-            can_admit=backend.can_admit,
-            max_queue_wait_s=max_queue_wait_s,
-        )
-        self.max_queue_wait_s = max_queue_wait_s
-        self._num_received = 0  # _NewRequest commands taken from the inbox
-        self._counts = dict.fromkeys(
-            ("requests_finished", "requests_failed", "requests_aborted", "chunks_total", "samples_total",
-             "steps_total", "step_streams_total"),
-            0,
-        )  # fmt: skip
-        self._is_shutting_down = False
-        self._crash: BaseException | None = None
+        self._calls: set[asyncio.Future[Any]] = set()  # call futures not resolved yet
 
     # -- properties ----------------------------------------------------------------------------------
 
@@ -137,13 +116,14 @@ class TTSEngine(EngineThread):
     @property
     def text_normalization(self) -> str:
         """The normaliser's mode (wetext, basic, off), "off" when none applies to this backend."""
-        if self._normalize_text is None:
+        normalize = self._engine.normalize_text
+        if normalize is None:
             return "off"
-        return str(getattr(self._normalize_text, "mode", "custom"))
+        return str(getattr(normalize, "mode", "custom"))
 
     @property
     def is_running(self) -> bool:
-        return self._thread is not None and not self._is_closed
+        return self._engine.is_started and not self._is_closed
 
     @property
     def stats(self) -> dict[str, int]:
@@ -151,11 +131,11 @@ class TTSEngine(EngineThread):
         return {
             "requests_total": self._num_requests_total,
             "requests_rejected": self._num_requests_rejected,
-            **self._counts,
+            **self._engine.counts,
             **self._scheduler.stats,
             **self._backend.memory_stats(),
             **self._backend.step_stats(),
-            "queue_depth": max(0, self._num_submitted - self._num_received) + len(self._scheduler.waiting),
+            "queue_depth": max(0, self._num_submitted - self._engine.num_received) + len(self._scheduler.waiting),
             "live": len(self._scheduler.requests),
         }
 
@@ -176,7 +156,7 @@ class TTSEngine(EngineThread):
             "errors": stats["requests_failed"],
             "batching": {
                 "max_batch_size": self._scheduler.max_batch_size,
-                "capacity": self._backend.capacity(),
+                "capacity": self._scheduler.capacity,
                 "running": stats["running"],
                 "waiting": stats["waiting"],
                 "last_batch_size": stats["last_batch_size"],
@@ -188,11 +168,11 @@ class TTSEngine(EngineThread):
         }
 
     def _state(self) -> str:
-        if self._crash is not None:
+        if self._engine.crash is not None:
             return "crashed"
         if self._is_closed:
             return "closed"
-        return "running" if self._thread is not None else "new"
+        return "running" if self._engine.is_started else "new"
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -200,28 +180,27 @@ class TTSEngine(EngineThread):
         """Start the engine thread, bound to the running event loop."""
         if self._is_closed:
             raise EngineClosed("engine is closed")
-        if self._thread is not None:
+        if self._engine.is_started:
             raise EngineError("engine already started")
         self._loop = asyncio.get_running_loop()
         self._stopped = self._loop.create_future()
-        self._thread = threading.Thread(target=self._run, name=f"tts-engine-{self.backend_name}", daemon=True)
-        self._thread.start()
+        self._engine.start(self._loop)
 
     async def close(self) -> None:
         """Stop the thread after its current step, close the backend, fail open streams (EngineClosed)."""
         if not self._is_closed:
             self._is_closed = True
-            if self._thread is None:
+            if not self._engine.is_started:
                 self._backend.close()
             else:
-                self._inbox.put(_SHUTDOWN)
+                self._engine.shutdown()
         if self._stopped is not None:
             await asyncio.shield(self._stopped)
-        if self._thread is not None and self._thread is not threading.current_thread():
+        if self._engine.is_started:
             # The thread has posted its last callback and is returning: join it, so no daemon thread is
             # still inside torch / onnxruntime when the interpreter tears down their native state (seen
             # as a rare "terminate called without an active exception" abort at process exit).
-            self._thread.join(timeout=10.0)
+            self._engine.join(timeout=10.0)
         self._fail_open_streams("engine closed")
 
     # -- requests ------------------------------------------------------------------------------------
@@ -235,24 +214,22 @@ class TTSEngine(EngineThread):
         req_id: str | None = None,
         speed: float = 1.0,
         instruct: str | None = None,
-        playback_ahead: Callable[[], float] | None = None,
+        playback_ahead: float = 0.0,
     ) -> SynthesisStream:
         """Queue ``text``; returns at once. Call on the engine's event loop.
 
         ``instruct`` is a style instruction (CosyVoice instruct mode); backends without
-        ``supports_instruct`` (fake, espeak) ignore it. ``playback_ahead`` returns how many seconds of
-        the same listener's audio will play before this text's first sample (say, the rest of the
-        previous sentence): the scheduler counts it as slack, so a session's look-ahead sentence does
-        not jump ahead of another listener's first chunk. It is called from the engine thread and must
-        only read plain attributes; an exception from it counts as no audio ahead.
+        ``supports_instruct`` (fake, espeak) ignore it. ``playback_ahead`` is how many seconds of the
+        same listener's audio play before this text's first sample, as of now (say, the rest of the
+        previous sentence); ``SynthesisStream.set_playback_ahead()`` updates it. The engine decays it at
+        real time and counts it as slack, so a session's look-ahead sentence does not jump ahead of
+        another listener's first chunk. A value that is not a finite positive number counts as 0.
         """
         self._check_open()
         check_arguments(text, sample_rate, speed)
         voice = self._default_voice if voice is None else voice
         if voice not in self._voices:
             raise UnknownVoice(voice, self._voices)
-        if playback_ahead is not None and not callable(playback_ahead):
-            raise TypeError("playback_ahead must be a callable returning seconds, or None")
         return self._submit(
             text, voice, sample_rate, req_id, speed, check_instruct(instruct), playback_ahead=playback_ahead
         )
@@ -302,7 +279,7 @@ class TTSEngine(EngineThread):
         prompt_audio: PromptAudio | None = None,
         prompt_text: str = "",
         *,
-        playback_ahead: Callable[[], float] | None = None,
+        playback_ahead: float = 0.0,
     ) -> SynthesisStream:
         if req_id is None:
             req_id = uuid.uuid4().hex
@@ -315,7 +292,7 @@ class TTSEngine(EngineThread):
             raise EngineOverloaded(f"too many pending requests (limit {self.max_pending_requests})")
 
         self._num_requests_total += 1
-        credit = ChunkCredit()
+        credit = ChunkCredit(playback_ahead)
         stream = SynthesisStream(
             req_id,
             sample_rate,
@@ -331,11 +308,10 @@ class TTSEngine(EngineThread):
         request = EngineRequest(
             req_id=req_id, text=text, voice=voice, speed=float(speed), sample_rate=sample_rate,
             stream=stream, credit=credit, instruct=instruct, prompt_audio=prompt_audio, prompt_text=prompt_text,
-            playback_ahead=playback_ahead,
         )  # fmt: skip
         self._streams[req_id] = stream
         self._num_submitted += 1
-        self._inbox.put(_NewRequest(request))
+        self._engine.submit(request)
         return stream
 
     # -- voices --------------------------------------------------------------------------------------
@@ -356,10 +332,10 @@ class TTSEngine(EngineThread):
         """Run ``fn`` in the engine thread between two steps and return its result (or raise its error)."""
         future: asyncio.Future[Any] = self._check_open().create_future()
         self._calls.add(future)
-        self._inbox.put(_Call(fn, future))
+        self._engine.call(fn, future)
         return await asyncio.shield(future)  # a cancelled caller leaves the call to finish in the thread
 
-    def _finish_call(self, outcome: tuple[asyncio.Future[Any], Any, BaseException | None, Any]) -> None:
+    def _finish_call(self, outcome: CallOutcome) -> None:
         future, result, error, voices = outcome
         self._calls.discard(future)
         if voices is not None:
@@ -379,10 +355,10 @@ class TTSEngine(EngineThread):
     # -- event-loop helpers --------------------------------------------------------------------------
 
     def _resume(self) -> None:
-        self._inbox.put(_RESUME)
+        self._engine.resume()
 
     def _send_abort(self, req_id: str) -> None:
-        self._inbox.put(_Abort(req_id))
+        self._engine.abort(req_id)
 
     def _forget_stream(self, stream: SynthesisStream) -> None:
         if self._streams.get(stream.req_id) is stream:

@@ -5,7 +5,9 @@
     │                      waited max_queue_wait_s for backend capacity (its stream raises it)
     ├── UnknownVoice       the voice is not offered by the backend; raised by synthesize()
     ├── EngineClosed       the engine is closed (or closing); open streams raise it
-    └── SynthesisFailed    the backend raised for one request; only that stream raises it
+    ├── SynthesisFailed    the backend raised for one request; only that stream raises it
+    └── EngineUnavailable  no engine worker can take a request now (gateway/engine_client.py)
+        └── WorkerLost     the engine worker serving a request went away (process exit, socket EOF)
 
 Invalid arguments (a sample rate we do not serve, a bad speed) raise ``ValueError``.
 """
@@ -42,3 +44,11 @@ class SynthesisFailed(EngineError):
         self.req_id = req_id
         self.cause = cause
         self.__cause__ = cause
+
+
+class EngineUnavailable(EngineError):
+    """No engine worker is connected that can take the request (all down or restarting)."""
+
+
+class WorkerLost(EngineUnavailable):
+    """The engine worker serving this request went away; only its in-flight requests fail."""

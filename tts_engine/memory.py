@@ -20,7 +20,7 @@ weights and one row stops start-up with a ``MemoryBudgetError`` naming the confi
 The activation reserve is an estimate (``estimate_activation_bytes_per_row``): the largest transient
 tensors of one row in a flow hop (DiT over prompt + hop frames, doubled for classifier-free guidance)
 and in the vocoder (the hop's samples through the last, widest-in-time stage). On CUDA the process
-cap itself is torch's per-process memory fraction (gateway/asr/gpu_share.py, ``gpu.memory_gib``);
+cap itself is torch's per-process memory fraction (tts_engine/gpu_share.py, ``gpu.memory_gib``);
 this plan decides how much of it the engine's pool may claim.
 """
 

@@ -9,6 +9,7 @@ an async iterator of int16 chunks that the engine feeds through ``loop.call_soon
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -46,15 +47,28 @@ class ChunkCredit:
     handed to the loop), ``num_consumed``/``samples_consumed`` only by the event loop (what the consumer
     took). Their difference is what sits unread: the backpressure bound counts chunks, the scheduler's
     playback slack counts samples.
+
+    ``ahead`` is the listener's playback credit as a value, written only by the event loop as one tuple
+    ``(seconds, set_at)``: seconds of the same listener's audio that play before this request's first
+    sample, as of ``time.monotonic()`` ``set_at``; the engine decays it at real time (``ahead_at()``).
     """
 
-    __slots__ = ("num_produced", "num_consumed", "samples_produced", "samples_consumed")
+    __slots__ = ("num_produced", "num_consumed", "samples_produced", "samples_consumed", "ahead")
 
-    def __init__(self) -> None:
+    def __init__(self, ahead: float = 0.0) -> None:
         self.num_produced = 0
         self.num_consumed = 0
         self.samples_produced = 0
         self.samples_consumed = 0
+        self.ahead: tuple[float, float] = (_clean_seconds(ahead), time.monotonic())
+
+    def set_ahead(self, seconds: float) -> None:
+        self.ahead = (_clean_seconds(seconds), time.monotonic())
+
+    def ahead_at(self, now: float) -> float:
+        """The playback credit at ``now``: ``max(0, value - (now - set_at))``."""
+        value, set_at = self.ahead
+        return max(0.0, value - max(0.0, now - set_at))
 
     def get_num_buffered(self) -> int:
         return self.num_produced - self.num_consumed
@@ -74,9 +88,6 @@ class EngineRequest:
     instruct: str | None = None  # style instruction (backends with supports_instruct only)
     prompt_audio: PromptAudio | None = None  # one-off zero-shot prompt recording (synthesize_zero_shot)
     prompt_text: str = ""  # transcript of prompt_audio
-    # seconds of the consumer's audio that will play before this request's first sample (a session's
-    # earlier sentences); called from the engine thread, so it must only read plain attributes
-    playback_ahead: Callable[[], float] | None = None
     status: RequestStatus = RequestStatus.WAITING
     arrival_time: float = field(default_factory=time.monotonic)
     backend_stream: BackendStream | None = None
@@ -129,6 +140,31 @@ class SynthesisStream:
         self.is_finished = False
         """No more chunks will arrive (the buffered ones can still be read)."""
         self.is_aborted = False
+        self._defer_credit = False
+
+    @property
+    def playback_ahead(self) -> float:
+        """The listener's audio that plays before this stream's first sample, decayed to now (seconds)."""
+        return self._credit.ahead_at(time.monotonic())
+
+    def set_playback_ahead(self, seconds: float) -> None:
+        """Update the playback credit: ``seconds`` of the listener's audio play before this stream's first
+        sample, as of now (the engine decays it at real time). A bad value counts as nothing ahead."""
+        self._credit.set_ahead(seconds)
+
+    def defer_credit(self) -> None:
+        """Reads stop counting as consumed: ``credit_consumed()`` reports consumption instead (an engine
+        worker forwards chunks at once and counts them consumed when its remote reader has taken them)."""
+        self._defer_credit = True
+
+    def credit_consumed(self, chunks: int, samples: int) -> None:
+        """``chunks`` (``samples`` in all) were consumed downstream (after ``defer_credit()``)."""
+        credit = self._credit
+        was_full = credit.get_num_buffered() >= self._max_buffered_chunks
+        credit.num_consumed += chunks
+        credit.samples_consumed += samples
+        if was_full and not self.is_finished and credit.get_num_buffered() < self._max_buffered_chunks:
+            self._on_resume()
 
     @property
     def num_buffered(self) -> int:
@@ -180,6 +216,8 @@ class SynthesisStream:
             finally:
                 self._waiter = None
         chunk = self._chunks.popleft()
+        if self._defer_credit:
+            return chunk
         credit = self._credit
         credit.num_consumed += 1
         credit.samples_consumed += chunk.size
@@ -223,6 +261,15 @@ class SynthesisStream:
     def __repr__(self) -> str:
         state = "aborted" if self.is_aborted else "finished" if self.is_finished else "open"
         return f"<SynthesisStream {self.req_id} {self.sample_rate} Hz {state}, {len(self._chunks)} buffered>"
+
+
+def _clean_seconds(seconds: object) -> float:
+    """A playback credit in seconds; anything but a finite positive number counts as 0."""
+    try:
+        value = float(seconds)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0.0
+    return value if value > 0 and math.isfinite(value) else 0.0
 
 
 def as_float_tensor(chunk: Any) -> torch.Tensor:

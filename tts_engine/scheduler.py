@@ -5,31 +5,35 @@ hold no backend capacity yet, and the ``running`` list of admitted ones. It neve
 engine thread asks ``schedule()`` for a ``StepPlan``, runs the backend on it, and hands the results to
 ``update_from_output()``. ``finish_requests()`` is the one way out.
 
-Admission: a request takes backend capacity (for CosyVoice, one KV cache slot) when it is admitted and
-keeps it until it finishes, so an admitted request never stalls for want of a slot. Requests that
-cannot be admitted wait in FIFO order; one that has waited ``max_queue_wait_s`` is reported in
-``StepPlan.timed_out_req_ids`` and the engine fails it with ``EngineOverloaded``.
+Capacity: the backend declares its limits once (``BackendLimits``, tts_engine/budget.py); the scheduler
+is the one counter against them. A request takes one of ``max_streams`` (for CosyVoice, one KV cache
+slot) when it is admitted and keeps it until it finishes, so an admitted request never stalls for want
+of a slot. Requests that cannot be admitted wait in FIFO order; one that has waited
+``max_queue_wait_s`` is reported in ``StepPlan.timed_out_req_ids`` and the engine fails it with
+``EngineOverloaded``. Each plan carries the step's row budget (``StepPlan.budget``: streams that may
+prefill, flow + vocoder hop rows), which the backend obeys in the plan's order.
 
 Ranking by playback slack: slack is the audio a request has produced that its consumer has not read
-yet, in seconds, plus the consumer's audio queued ahead of the request (``EngineRequest.playback_ahead``:
-a session's next sentence waits behind the rest of the current one). Least slack goes first; on a tie
+yet, in seconds, plus the consumer's audio queued ahead of the request (``ChunkCredit.ahead``, a value
+the consumer sets and the engine decays at real time: a session's next sentence waits behind the rest
+of the current one). Least slack goes first; on a tie
 (typically zero) a request that has not produced its first chunk goes first, then the oldest. So a
 first chunk, or a stream about to run dry, goes before a stream that is seconds ahead. Slack matters
-wherever a step has less room than work: the batch cap here, and a backend's own per-step budget
-(CosyVoice's flow rows per step), which serves the streams in the order given. A request whose consumer holds ``max_buffered_chunks`` unread chunks is not
+wherever a step has less room than work: the batch cap here, and the step budget's row caps, which
+the backend serves in the order given. A request whose consumer holds ``max_buffered_chunks`` unread chunks is not
 runnable (backpressure) but keeps its capacity.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tts_engine.budget import BackendLimits, StepBudget
 from tts_engine.request import EngineRequest, RequestStatus
 
 logger = logging.getLogger(__name__)
@@ -44,6 +48,7 @@ class StepPlan:
     new_requests: list[EngineRequest] = field(default_factory=list)  # admitted now: open their streams
     scheduled: list[EngineRequest] = field(default_factory=list)  # the batch: ranked by slack, capped
     timed_out_req_ids: list[str] = field(default_factory=list)  # waited past max_queue_wait_s
+    budget: StepBudget = field(default_factory=StepBudget)  # row caps the backend obeys this step
 
     @property
     def num_scheduled(self) -> int:
@@ -65,20 +70,19 @@ class Scheduler:
     def __init__(
         self,
         *,
-        max_batch_size: int,
+        limits: BackendLimits,
         max_buffered_chunks: int,
-        can_admit: Callable[[int], bool] = lambda num: True,
         max_queue_wait_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if max_queue_wait_s is not None and max_queue_wait_s <= 0:
             raise ValueError(f"max_queue_wait_s must be positive or None, got {max_queue_wait_s}")
-        self.max_batch_size = max_batch_size
+        self.limits = limits
+        self.max_batch_size = limits.max_batch_size
+        self.capacity = limits.max_streams  # streams admitted at once (None: no limit)
         self.max_buffered_chunks = max_buffered_chunks
         self.max_queue_wait_s = max_queue_wait_s
-        self._can_admit = can_admit  # can_admit(n): n more requests fit the backend next to the running
+        self._budget = limits.step_budget()
         self._clock = clock
         self.requests: dict[str, EngineRequest] = {}
         self.waiting: deque[EngineRequest] = deque()
@@ -102,9 +106,18 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
+    def can_admit(self, num: int = 1) -> bool:
+        """``num`` more requests fit next to the running ones (the one capacity count)."""
+        return self.capacity is None or len(self.running) + num <= self.capacity
+
+    @property
+    def num_free(self) -> int | None:
+        """Requests that could be admitted now (None: no limit)."""
+        return None if self.capacity is None else max(0, self.capacity - len(self.running))
+
     def has_work(self) -> bool:
         """A step now would do something: admit, time out, or run a request."""
-        if self.waiting and (self._can_admit(1) or self._expired_head()):
+        if self.waiting and (self.can_admit(1) or self._expired_head()):
             return True
         return any(self._is_runnable(r) for r in self.running)
 
@@ -121,17 +134,9 @@ class Scheduler:
         slack = max(0, credit.samples_produced - credit.samples_consumed) / request.sample_rate
         return slack + self._ahead(request)
 
-    @staticmethod
-    def _ahead(request: EngineRequest) -> float:
-        if request.playback_ahead is None:
-            return 0.0
-        try:
-            ahead = float(request.playback_ahead())
-        except Exception:  # noqa: BLE001 - a consumer's hint must never stop the engine
-            logger.warning("playback_ahead of request %s failed; counting no audio ahead", request.req_id)
-            request.playback_ahead = None
-            return 0.0
-        return ahead if ahead > 0 and math.isfinite(ahead) else 0.0
+    def _ahead(self, request: EngineRequest) -> float:
+        """The listener's playback credit, a value set by the loop and decayed at real time."""
+        return request.credit.ahead_at(self._clock())
 
     def _is_runnable(self, request: EngineRequest) -> bool:
         return request.credit.get_num_buffered() < self.max_buffered_chunks
@@ -143,14 +148,14 @@ class Scheduler:
     # -- one step ------------------------------------------------------------------------------------
 
     def schedule(self) -> StepPlan:
-        """Time out, admit (FIFO, while the backend has capacity), then rank the runnable ones."""
-        plan = StepPlan()
+        """Time out, admit (FIFO, while capacity is free), rank the runnable ones, hand out the budget."""
+        plan = StepPlan(budget=self._budget)
         if self.max_queue_wait_s is not None:
             deadline = self._clock() - self.max_queue_wait_s
             while self.waiting and self.waiting[0].arrival_time <= deadline:
                 plan.timed_out_req_ids.append(self.waiting.popleft().req_id)
             self.num_timed_out += len(plan.timed_out_req_ids)
-        while self.waiting and self._can_admit(len(plan.new_requests) + 1):
+        while self.waiting and self.can_admit(1):
             request = self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
@@ -221,6 +226,9 @@ class Scheduler:
             "mean_batch_size": self.num_scheduled_total / self.num_steps if self.num_steps else 0.0,
             "requests_timed_out": self.num_timed_out,
         }
+        if self.capacity is not None:  # the one capacity count (None: the backend declares no limit)
+            stats["capacity"] = self.capacity
+            stats["capacity_free"] = self.capacity - len(self.running)
         for bucket, count in self.batch_size_counts.items():
             stats[f"steps_batch_le_{bucket}"] = count
         return stats

@@ -1,13 +1,9 @@
 """Per-session echo canceller: uplink PCM in, uplink PCM with our reply's echo removed out.
 
-Library choice: `livekit` (its `rtc.AudioProcessingModule` wraps WebRTC's audio
-processing module with AEC3). It installs as a manylinux wheel on Python 3.11
-x86-64 and runs locally, no LiveKit server involved. `aec-audio-processing`
-ships only an sdist (needs a C++ toolchain at install), and speexdsp's
-canceller is older and weaker at double talk. AEC3 works in 10 ms frames at
-16 kHz, estimates the residual delay itself (measured fine from 40 to 600 ms)
-and costs ~0.07 ms per 10 ms on one core, so it runs on the event loop
-(~0.5 ms per 60 ms uplink frame; see scripts/bench_aec.py).
+The cancelling itself is done by libraries (stages.py): WebRTC's AEC3 through
+`livekit` (why that binding: stages.py), and, experimentally, SpeexDSP's linear
+filter beside it (speex.py). AEC3 costs ~1.1 % of a core per session, with the
+linear stage ~1.8 % (scripts/bench_aec.py), so it runs on the event loop.
 
 Alignment: each uplink frame is given the reference that the device played
 when the frame was captured.
@@ -23,26 +19,45 @@ when the frame was captured.
 The capture time of an uplink frame comes from counting its samples from an
 anchor (the arrival of the first frame less its duration); the anchor is reset
 when arrivals drift away from the count (the device paused its microphone).
+
+Double talk (experimental, `linear=True`, config `asr.aec_double_talk`):
+AEC3's suppressor takes 20-40 dB off the first 100-150 ms of speech that is
+about as loud as the echo, so the VAD can miss a barge-in. Once
+`DelayEstimator` has measured the delay (a first estimate from 0.5 s of the
+first reply), a linear stage (stages.LinearStage: SpeexDSP's filter on the
+reference pre-aligned by that delay, first run 3 times over the last couple of
+seconds of uplink so that it starts converged) runs beside AEC3; where its echo
+estimate shows the user talking, its output replaces AEC3's for that 10 ms.
+AEC3's own path is unchanged. Until the stage shows it converged it is rebuilt
+at each new estimate (every 0.5 s, more audio each time: converged ~1.5-2 s
+into the first reply); after that only for a move two estimates agree on.
 """
 
 from __future__ import annotations
 
+import logging
 import statistics
 from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
-from livekit import rtc
 
 from gateway.aec.delay import DelayEstimator
 from gateway.aec.reference import RATE, SAMPLES_PER_MS, EchoReference
+from gateway.aec.stages import CHUNK, LEAD_MS, Aec3, LinearStage
 
-CHUNK = RATE // 100  # AEC3 takes 10 ms frames
+log = logging.getLogger(__name__)
+
 REANCHOR_MS = 250.0  # arrivals this far from the sample count: the stream restarted
 SHIFT_ABOVE_MS = 500.0  # estimated delays beyond this shift the reference (AEC3 measured fine to 600)
 SHIFT_MARGIN_MS = 60.0  # ... leaving AEC3 this much delay to find itself
 ACTIVE_RMS = 50.0  # a reference frame this loud counts towards ERLE
 CONVERGE_S = 1.0  # reference playing this long before ERLE counts
+REALIGN_MS = 15.0  # a delay estimate this far from the linear stage's alignment rebuilds it
+WARM_UP_S = 2.0  # uplink kept to run a new linear stage over before it takes over
+WARM_UP_PASSES = 3  # ... this many times over (stages.LinearStage.warm_up)
+EARLY_REBUILDS = 3  # an unconverged linear stage is rebuilt at each new estimate, this many times
+AGREE_MS = 5.0  # a converged stage moves only for two estimates this close to each other
 
 
 @dataclass
@@ -54,10 +69,17 @@ class EchoStats:
 
 
 class EchoCanceller:
-    def __init__(self, reference: EchoReference) -> None:
+    def __init__(self, reference: EchoReference, *, linear: bool = False) -> None:
         self.reference = reference
-        self._apm = rtc.AudioProcessingModule(echo_cancellation=True, high_pass_filter=True)
-        self.delay = DelayEstimator()
+        # the linear stage waits for the delay: a first estimate after 1.5 s instead of 2
+        self.delay = DelayEstimator(window_s=1.5, every_s=0.5, first_s=0.5) if linear else DelayEstimator()
+        self._use_linear = linear
+        self._aec3 = Aec3()
+        self._linear: LinearStage | None = None  # once the delay is measured
+        self._rebuilds = 0
+        self._last_estimate: float | None = None
+        self._recent: deque[tuple[float, np.ndarray]] = deque()  # (capture ms, uplink pcm) to warm up on
+        self._recent_samples = 0
         self._anchor_ms: float | None = None
         self._samples = 0
         self._offsets: deque[float] = deque(maxlen=9)  # capture time - v2 timestamp, recent
@@ -79,21 +101,67 @@ class EchoCanceller:
             self._note_timestamp(capture_ms, timestamp_ms)
         ref_start = capture_ms - self._offset_ms()
         ref = self.reference.read(ref_start, pcm.size)
-        out = pcm.copy()
-        for i in range(0, pcm.size - CHUNK + 1, CHUNK):
-            far = rtc.AudioFrame(ref[i : i + CHUNK].tobytes(), RATE, 1, CHUNK)
-            self._apm.process_reverse_stream(far)
-            near = rtc.AudioFrame(pcm[i : i + CHUNK].tobytes(), RATE, 1, CHUNK)
-            self._apm.set_stream_delay_ms(0)  # AEC3 estimates the delay itself
-            self._apm.process_stream(near)
-            out[i : i + CHUNK] = np.frombuffer(near.data, np.int16)
+        out = self._aec3.run(pcm, ref)
+        if self._linear is not None:
+            # the stage's alignment is absolute (base offset + delay when built): a v2 median that
+            # moves by a few ms must not move the reference under an adapted filter
+            aligned = self.reference.read(capture_ms - self._linear.delay_ms + LEAD_MS, pcm.size)
+            linear, double_talk = self._linear.run(pcm, aligned)
+            for k in np.flatnonzero(double_talk):  # the user talks: the linear output has them whole
+                out[k * CHUNK : (k + 1) * CHUNK] = linear[k * CHUNK : (k + 1) * CHUNK]
         self.frames += 1
         self._account(pcm, ref, out)
+        if self._use_linear:
+            self._keep(capture_ms, pcm)
         estimate = self.delay.push(pcm, ref)
         if estimate is not None and not self._offsets and estimate > SHIFT_ABOVE_MS:
             self._shift_ms += estimate - SHIFT_MARGIN_MS
             self.delay.reset()  # its audio was read at the old alignment
+            self._linear = None  # ... and so was the linear stage's
+        elif self._use_linear and estimate is not None:
+            estimate += self._offset_ms()  # absolute: from our play-time model to the uplink
+            if self._moves_linear(estimate):
+                self._realign(estimate)
+            self._last_estimate = estimate
         return out
+
+    def _moves_linear(self, estimate: float) -> bool:
+        """Whether a new delay estimate rebuilds the linear stage.
+
+        Before it has converged: at each estimate (more audio, more passes), a few times.
+        Once converged: only for a move of REALIGN_MS that two estimates agree on, so that an
+        estimate thrown by the user's own speech does not throw away a working filter.
+        """
+        stage = self._linear
+        if stage is None or (not stage.converged and self._rebuilds < EARLY_REBUILDS):
+            return True
+        last = self._last_estimate
+        return (
+            abs(estimate - stage.delay_ms) >= REALIGN_MS
+            and last is not None
+            and abs(estimate - last) < AGREE_MS
+        )
+
+    def _keep(self, capture_ms: float, pcm: np.ndarray) -> None:
+        self._recent.append((capture_ms, pcm))
+        self._recent_samples += pcm.size
+        while self._recent_samples - self._recent[0][1].size >= WARM_UP_S * RATE:
+            self._recent_samples -= self._recent.popleft()[1].size
+
+    def _realign(self, delay_ms: float) -> None:
+        """A linear stage aligned to `delay_ms`, run over the recent uplink, takes over."""
+        stage = LinearStage.create(delay_ms)
+        if stage is None:
+            self._use_linear = False
+            return
+        frames = [
+            (pcm, self.reference.read(capture_ms - delay_ms + LEAD_MS, pcm.size))
+            for capture_ms, pcm in self._recent
+        ]
+        stage.warm_up(frames, WARM_UP_PASSES)
+        self._linear = stage
+        self._rebuilds += 1
+        log.debug("echo canceller's linear stage aligned to %.1f ms", delay_ms)
 
     def _capture_time(self, samples: int, arrival_ms: float) -> float:
         duration = samples / SAMPLES_PER_MS
@@ -115,9 +183,7 @@ class EchoCanceller:
             self._offsets.append(float(offset))
 
     def _offset_ms(self) -> float:
-        if self._offsets:
-            return statistics.median(self._offsets)
-        return self._shift_ms
+        return statistics.median(self._offsets) if self._offsets else self._shift_ms
 
     # ---- figures -----------------------------------------------------------------
 
@@ -138,10 +204,14 @@ class EchoCanceller:
         return 10 * np.log10(self._mic_energy / max(self._out_energy, 1.0))
 
     @property
+    def aligned(self) -> bool:
+        """The echo's delay is measured and the reference pre-aligned by it (see the module doc)."""
+        return self._linear is not None
+
+    @property
     def delay_ms(self) -> float | None:
         """Estimated delay from our play-time model to the echo in the uplink."""
-        base = statistics.median(self._offsets) if self._offsets else self._shift_ms
-        return None if self.delay.delay_ms is None else base + self.delay.delay_ms
+        return None if self.delay.delay_ms is None else self._offset_ms() + self.delay.delay_ms
 
     def stats(self) -> EchoStats:
         return EchoStats(self.erle_db, self.delay_ms, self.frames, bool(self._offsets))

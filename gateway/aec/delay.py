@@ -25,12 +25,15 @@ class DelayEstimator:
         window_s: float = 2.0,
         max_delay_ms: float = 1500.0,
         every_s: float = 1.0,
+        first_s: float | None = None,
         min_confidence: float = 8.0,
     ) -> None:
         rate = RATE // DECIMATE
         self._window = int(window_s * rate)
         self._max_lag = int(max_delay_ms * rate / 1000)
         self._every = int(every_s * rate)
+        # the first estimates may come from less audio than a whole window (the linear stage waits for one)
+        self._first = self._window if first_s is None else int(first_s * rate)
         self._min_confidence = min_confidence
         self._mic: deque[np.ndarray] = deque()
         self._ref: deque[np.ndarray] = deque()
@@ -56,7 +59,7 @@ class DelayEstimator:
         while self._held - self._mic[0].size >= self._window + self._max_lag:
             self._held -= self._mic.popleft().size
             self._ref.popleft()
-        if self._since < self._every or self._held < self._window:
+        if self._since < self._every or self._held < self._first:
             return None
         self._since = 0
         return self._estimate()

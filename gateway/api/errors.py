@@ -19,7 +19,14 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
 from audio_codecs.errors import AudioCodecError
-from tts_engine.errors import EngineClosed, EngineError, EngineOverloaded, SynthesisFailed, UnknownVoice
+from tts_engine.errors import (
+    EngineClosed,
+    EngineError,
+    EngineOverloaded,
+    EngineUnavailable,
+    SynthesisFailed,
+    UnknownVoice,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +78,10 @@ def api_error(exc: Exception) -> ApiError:
         return ApiError(400, str(exc), code="unknown_voice", param="voice")
     if isinstance(exc, EngineOverloaded):
         return ApiError(503, f"TTS engine is busy: {exc}", code="overloaded", headers={"Retry-After": "1"})
+    if isinstance(exc, EngineUnavailable):  # a worker went away (WorkerLost) or none is up
+        return ApiError(
+            503, f"TTS engine unavailable: {exc}", code="engine_unavailable", headers={"Retry-After": "1"}
+        )
     if isinstance(exc, EngineClosed):
         return ApiError(503, "TTS engine is shutting down", code="engine_closed")
     if isinstance(exc, SynthesisFailed) and _is_voice_error(exc.cause):

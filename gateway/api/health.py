@@ -2,7 +2,7 @@
 
 The gateway's summary (``status``, ``sessions``, ``tts``, ``llm``, ``asr``, ``audio``, and ``checks``: the
 start-up model checks, ``[{name, status, detail, fix}]``, gateway/model_check.py; see ``Services.health``) plus what TTS clients ask about: the compute ``device``, the ``engine`` and its
-model, the ``voices`` on offer, and ``memory`` (the configured budget and what is in use).
+model and its worker processes (``engine.workers``), the ``voices`` on offer, and ``memory`` (the configured budget and what is in use).
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ def health_report(services: Services) -> dict[str, Any]:
         "live_requests": engine_health.get("live_requests"),
         "queue_depth": engine_health.get("queue_depth"),
         "max_pending_requests": engine.max_pending_requests,
+        # engine worker processes (engine.workers / engine.remote): address, device, state, capacity,
+        # in_flight each; empty with the engine in process
+        "workers": engine_health.get("workers", []),
     }
     report["voices"] = {
         "default": engine.default_voice,

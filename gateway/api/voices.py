@@ -45,9 +45,10 @@ from gateway.api.synthesis import (
     until_disconnect,
 )
 from gateway.services import Services
+from gateway.voice_store import StagedVoice, VoiceExists, VoiceStore
 from tts_engine.engine import MAX_SPEED, MIN_SPEED
 from tts_engine.errors import EngineError
-from tts_engine.voices import StagedVoice, VoiceExists, VoicePreset, VoiceStore, check_voice_name
+from tts_engine.voices import VoicePreset, check_voice_name
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,11 @@ belongs to the ASR and the rest to the TTS engine. Both models live in one
 process and therefore share one PyTorch caching allocator, so the plan is
 enforced in two steps:
 
-1. the process as a whole is capped with
-   `torch.cuda.set_per_process_memory_fraction(memory_gib / device total)`;
+1. each process caps itself at the shares of the models it holds
+   (tts_engine/gpu_share.py): with the engine in this process, TTS + ASR =
+   `memory_gib` (`torch.cuda.set_per_process_memory_fraction(memory_gib / device
+   total)`); with the engine in worker processes, the ASR's share alone here, and
+   each worker caps itself at the TTS share;
 2. the ASR's share is kept by bounding what it can allocate: its weights
    (measured when loaded) plus the activations of its largest batch
    (`asr.max_batch_audio_s` seconds of audio, measured by a warm-up batch of
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from gateway.config import GPUConfig
+from tts_engine.gpu_share import claim_gpu_share
 
 log = logging.getLogger(__name__)
 
@@ -48,21 +52,25 @@ def _index(device: str) -> int:
 
 
 def apply_process_cap(gpu: GPUConfig | None, device: str) -> float | None:
-    """Caps this process's CUDA allocations at `gpu.memory_gib`; returns the fraction set."""
+    """Claims the ASR's share (`gpu.asr_memory_gib`) of this process's CUDA cap; returns the fraction
+    now set (with the engine in this process too: `gpu.memory_gib` over the device total)."""
     if gpu is None or not gpu.memory_gib or not device.startswith("cuda"):
         return None
-    index = _index(device)
-    total = torch.cuda.get_device_properties(index).total_memory
-    fraction = min(1.0, gpu.memory_gib * GIB / total)
-    torch.cuda.set_per_process_memory_fraction(fraction, index)
-    log.info(
-        "GPU plan: process capped at %.1f GiB of %.1f GiB (TTS %.1f GiB, ASR %.1f GiB)",
-        gpu.memory_gib,
-        total / GIB,
-        gpu.memory_gib - gpu.asr_memory_gib,
-        gpu.asr_memory_gib,
+    return claim_gpu_share("asr", device, gib=gpu.asr_memory_gib)
+
+
+def apply_engine_cap(gpu: GPUConfig | None, engine_gpu_memory_gib: float | None, device: str) -> float | None:
+    """Claims the TTS engine's share of this process's CUDA cap, for the engine running in the gateway."""
+    from tts_engine.gpu_share import apply_engine_share
+
+    gpu = gpu or GPUConfig()
+    return apply_engine_share(
+        device,
+        memory_gib=gpu.memory_gib,
+        asr_memory_gib=gpu.asr_memory_gib,
+        engine_gpu_memory_gib=engine_gpu_memory_gib,
+        own_process=False,
     )
-    return fraction
 
 
 @dataclass

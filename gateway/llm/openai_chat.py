@@ -6,23 +6,40 @@ a blank line ends an event, lines starting with ``:`` are comments). Each event 
 chunk whose ``choices[0].delta.content`` is the next piece of the answer; ``data: [DONE]`` ends the
 stream. Reasoning text (``reasoning_content``) is never yielded: it is not meant to be spoken.
 
+Function calling (``stream_round``): the request offers ``tools``; ``delta.tool_calls`` pieces are
+assembled into whole calls (gateway/llm/tool_calls.py) and yielded after the text. The loop that runs
+the calls and asks again lives in gateway/tools/runner.py. A server that rejects ``tools`` with HTTP 400
+(e.g. vLLM started without ``--enable-auto-tool-choice``) is asked again without them, and from then
+on never offered tools (logged once): its answers are spoken as before.
+
 Every failure becomes an ``LLMError`` whose message names the URL and the cause.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 
 from gateway.llm.base import LLMError, validate_messages
+from gateway.llm.tool_calls import ToolCall, ToolCallAssembler
 
 __all__ = ["OpenAIChatLLM"]
 
+log = logging.getLogger(__name__)
+
 _BODY_SNIPPET_CHARS = 300
+
+
+class _HTTPStatusError(LLMError):
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class OpenAIChatLLM:
@@ -44,6 +61,8 @@ class OpenAIChatLLM:
         temperature: float | None = None,
         max_tokens: int | None = None,
         client: httpx.AsyncClient | None = None,
+        max_tool_calls: int = 8,
+        max_tool_argument_chars: int = 8192,
     ):
         if not base_url or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
@@ -60,6 +79,9 @@ class OpenAIChatLLM:
         self._first_token_timeout_s = first_token_timeout_s
         self._temperature = temperature
         self._max_tokens = max_tokens
+        self._max_tool_calls = max_tool_calls
+        self._max_tool_argument_chars = max_tool_argument_chars
+        self._tools_rejected = False  # the server answered HTTP 400 to a request with tools
         self._timeout = httpx.Timeout(timeout_s)
         self._owns_client = client is None
         self._client = client if client is not None else httpx.AsyncClient(timeout=self._timeout)
@@ -71,15 +93,72 @@ class OpenAIChatLLM:
 
     async def stream_chat(self, messages: list[dict[str, str]]) -> AsyncIterator[str]:
         """Yield the answer's text deltas (never empty strings); raise ``LLMError`` on failure."""
+        self._check_open()
+        validate_messages(messages)
+        items = self._first_within_timeout(self._stream_items(self._request_body(messages)))
+        async with contextlib.aclosing(items):  # a consumer that stops early closes the response
+            async for item in items:
+                if isinstance(item, str):
+                    yield item
+
+    async def stream_round(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], *, tool_choice: str = "auto"
+    ) -> AsyncIterator[str | list[ToolCall]]:
+        """One round of a turn with tools: text deltas, then the list of calls if the model made any.
+
+        ``messages`` may hold assistant ``tool_calls`` and ``tool`` results; ``tool_choice: none``
+        forbids calls (the last round of a turn). The first-token timeout covers text and calls alike.
+        """
+        self._check_open()
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise ValueError("messages must be a non-empty list of dicts")
+        body = self._request_body(messages)
+        if tools and not self._tools_rejected:
+            body["tools"] = tools
+            body["tool_choice"] = tool_choice
+        calls = ToolCallAssembler(max_calls=self._max_tool_calls, max_chars=self._max_tool_argument_chars)
+        items = self._round_items(body)
+        async with contextlib.aclosing(items):
+            async for item in items:
+                if isinstance(item, str):
+                    yield item
+                else:
+                    calls.feed(item)
+        if calls.skipped:
+            log.warning("%s: %d malformed or surplus tool-call pieces skipped", self._url, calls.skipped)
+        if calls:
+            yield calls.calls()
+
+    async def _round_items(self, body: dict[str, Any]) -> AsyncIterator[str | list[Any]]:
+        """The round's items; asked again without tools if the server rejects them (HTTP 400)."""
+        items = self._first_within_timeout(self._stream_items(body))
+        try:
+            first = await anext(items, None)
+        except _HTTPStatusError as exc:
+            if exc.status != 400 or "tools" not in body:
+                raise
+            log.warning("%s rejected the tools (%s); asking without tools from now on", self._url, exc)
+            self._tools_rejected = True
+            body = {k: v for k, v in body.items() if k not in ("tools", "tool_choice")}
+            items = self._first_within_timeout(self._stream_items(body))
+            first = await anext(items, None)
+        async with contextlib.aclosing(items):
+            if first is None:
+                return
+            yield first
+            async for item in items:
+                yield item
+
+    def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("OpenAIChatLLM is closed")
-        validate_messages(messages)
-        deltas = self._stream_deltas(messages)
+
+    async def _first_within_timeout(self, items: AsyncIterator[Any]) -> AsyncIterator[Any]:
         deadline = asyncio.get_running_loop().time() + self._first_token_timeout_s
         try:
             try:
                 async with asyncio.timeout_at(deadline):
-                    first = await anext(deltas, None)
+                    first = await anext(items, None)
             except TimeoutError:
                 raise LLMError(
                     f"no answer text from {self._url} within {self._first_token_timeout_s:g} s "
@@ -88,10 +167,10 @@ class OpenAIChatLLM:
             if first is None:
                 return
             yield first
-            async for delta in deltas:
-                yield delta
+            async for item in items:
+                yield item
         finally:
-            await deltas.aclose()
+            await items.aclose()
 
     async def aclose(self) -> None:
         """Close the HTTP client if this object created it; the object cannot be used afterwards."""
@@ -105,7 +184,7 @@ class OpenAIChatLLM:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    def _request_body(self, messages: list[dict[str, str]]) -> dict[str, Any]:
+    def _request_body(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self._model, "messages": messages, "stream": True}
         if self._temperature is not None:
             body["temperature"] = self._temperature
@@ -119,32 +198,41 @@ class OpenAIChatLLM:
             headers["Authorization"] = f"Bearer {self._api_key}"
         return headers
 
-    async def _stream_deltas(self, messages: list[dict[str, str]]) -> AsyncIterator[str]:
-        body = self._request_body(messages)
+    async def _stream_items(self, body: dict[str, Any]) -> AsyncIterator[str | list[Any]]:
+        """Text deltas (str) and raw ``delta.tool_calls`` pieces (list) in stream order."""
         try:
             async with self._client.stream(
                 "POST", self._url, json=body, headers=self._headers(), timeout=self._timeout
             ) as response:
                 if response.status_code >= 400:
                     await response.aread()
-                    raise LLMError(
-                        f"{self._url} answered HTTP {response.status_code}: {_snippet(response.text)}"
+                    raise _HTTPStatusError(
+                        f"{self._url} answered HTTP {response.status_code}: {_snippet(response.text)}",
+                        response.status_code,
                     )
                 if response.headers.get("content-type", "").startswith("application/json"):
                     # The server ignored stream=true and sent the whole completion at once.
                     await response.aread()
-                    text = _message_content(_parse_json(response.text, self._url))
-                    if text:
+                    message = _message(_parse_json(response.text, self._url))
+                    text = message.get("content")
+                    if isinstance(text, str) and text:
                         yield text
+                    pieces = message.get("tool_calls")
+                    if isinstance(pieces, list) and pieces:  # whole calls carry no index: number them
+                        yield [{**p, "index": i} if isinstance(p, dict) else p for i, p in enumerate(pieces)]
                     return
                 async for event, data in _server_sent_events(response.aiter_lines()):
                     if data == "[DONE]":
                         return
                     if event == "error":
                         raise LLMError(f"{self._url} sent an error event: {_snippet(data)}")
-                    text = _delta_content(_parse_json(data, self._url), self._url)
-                    if text:
+                    delta = _delta(_parse_json(data, self._url), self._url)
+                    text = delta.get("content")
+                    if isinstance(text, str) and text:
                         yield text
+                    pieces = delta.get("tool_calls")
+                    if pieces:
+                        yield pieces if isinstance(pieces, list) else [pieces]
         except httpx.TimeoutException as exc:
             raise LLMError(
                 f"request to {self._url} timed out ({type(exc).__name__}, limit {self._timeout_s:g} s)"
@@ -184,28 +272,29 @@ def _parse_json(data: str, url: str) -> Any:
         raise LLMError(f"malformed JSON from {url}: {exc.msg}: {_snippet(data)}") from None
 
 
-def _delta_content(chunk: Any, url: str) -> str:
+def _delta(chunk: Any, url: str) -> dict[str, Any]:
     if not isinstance(chunk, dict):
         raise LLMError(f"unexpected chunk from {url}: {_snippet(json.dumps(chunk))}")
     if chunk.get("error"):
         raise LLMError(f"{url} reported an error mid-stream: {_snippet(json.dumps(chunk['error']))}")
     choices = chunk.get("choices")
     if not choices:
-        return ""  # e.g. the final usage chunk
+        return {}  # e.g. the final usage chunk
     choice = choices[0]
     if not isinstance(choice, dict):
         raise LLMError(f"unexpected chunk from {url}: {_snippet(json.dumps(chunk))}")
-    delta = choice.get("delta") or {}
-    content = delta.get("content") if isinstance(delta, dict) else None
-    return content if isinstance(content, str) else ""
+    delta = choice.get("delta")
+    return delta if isinstance(delta, dict) else {}
 
 
-def _message_content(completion: Any) -> str:
+def _message(completion: Any) -> dict[str, Any]:
     try:
-        content = completion["choices"][0]["message"]["content"]
+        message = completion["choices"][0]["message"]
     except (KeyError, IndexError, TypeError):
         raise LLMError(f"unexpected completion: {_snippet(json.dumps(completion))}") from None
-    return content if isinstance(content, str) else ""
+    if not isinstance(message, dict):
+        raise LLMError(f"unexpected completion: {_snippet(json.dumps(completion))}")
+    return message
 
 
 def _snippet(text: str) -> str:

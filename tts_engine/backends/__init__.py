@@ -10,6 +10,7 @@ from tts_engine.backends.base import Backend, BackendStream
 # name -> "module:class"; imported only when asked for, so a heavy backend costs nothing until used.
 BACKENDS: dict[str, str] = {
     "fake": "tts_engine.backends.fake:FakeBackend",
+    "gpu-sim": "tts_engine.backends.gpu_sim:GpuSimBackend",
     "espeak": "tts_engine.backends.espeak:EspeakBackend",
     "cosyvoice": "tts_engine.backends.cosyvoice.backend:CosyVoiceBackend",
 }

@@ -7,8 +7,10 @@ A request is one ``BackendStream``: ``open_stream()`` must be cheap (start work,
 ``next_chunk()`` returns the next piece of audio or ``None`` when the utterance is complete.
 ``Backend.step()`` advances several streams by one chunk each (chunks may be float tensors on
 ``device``). The default runs them one after the other; a batching backend overrides it to run them
-as one batch. ``capacity()``/``can_admit()`` tell the engine how many streams may be open at once
-(the rest queue); ``memory_stats()`` reports the backend's memory plan and use.
+as one batch. ``limits()`` declares, once, how many streams may be open at once (the rest queue) and
+the per-step row caps; the engine's scheduler counts against them and hands each step a
+``StepBudget`` that ``step()`` obeys (tts_engine/budget.py). ``memory_stats()`` reports the backend's
+memory plan and use.
 
 Voices: ``voices()`` names the built-in ones. A backend that can clone (``supports_cloning``) also takes
 presets at run time through ``add_voice()``/``remove_voice()`` and one-off prompt recordings through
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from tts_engine.budget import UNCAPPED, BackendLimits, StepBudget
 from tts_engine.voices import VoiceError
 
 if TYPE_CHECKING:
@@ -71,14 +74,15 @@ class Backend(ABC):
         three-argument signature).
         """
 
-    def capacity(self) -> int | None:
-        """The most streams that may be open at once (None: no limit). The engine admits requests
-        against it and queues the rest; an open stream holds its share until it is closed."""
-        return None
+    def limits(self) -> BackendLimits:
+        """What the backend can hold, declared once (read when the engine is built). The engine admits
+        at most ``max_streams`` streams and queues the rest; an open stream holds its share until it is
+        closed. The default: no stream limit, ``max_batch_size`` streams a step, no row caps."""
+        return BackendLimits(max_batch_size=max(1, self.max_batch_size))
 
-    def can_admit(self, num: int = 1) -> bool:
-        """Whether ``num`` more streams can be opened now, next to the open ones."""
-        return True
+    def capacity(self) -> int | None:
+        """The most streams that may be open at once (None: no limit): ``limits().max_streams``."""
+        return self.limits().max_streams
 
     def memory_stats(self) -> dict[str, int | float]:
         """Memory budget and use, for health and metrics (numbers only; empty when not tracked)."""
@@ -102,11 +106,15 @@ class Backend(ABC):
         """Like ``open_stream()`` with a one-off prompt recording (prepared here, not cached)."""
         raise VoiceError(f"backend {self.name} cannot clone voices")
 
-    def step(self, streams: list[BackendStream]) -> list[np.ndarray | None | BaseException]:
-        """Advance each stream by one chunk.
+    def step(
+        self, streams: list[BackendStream], budget: StepBudget = UNCAPPED
+    ) -> list[np.ndarray | None | BaseException]:
+        """Advance each stream by one chunk, within ``budget`` (streams in rank order).
 
         Returns one entry per stream, in order: a chunk, ``None`` when that stream is finished, or the
-        exception it raised (which fails only that stream).
+        exception it raised (which fails only that stream). The engine passes ``budget`` only when it
+        caps something (a backend that declares no row caps may keep the one-argument signature); a
+        stream the budget leaves out this step gets an empty chunk.
         """
         results: list[np.ndarray | None | BaseException] = []
         for stream in streams:

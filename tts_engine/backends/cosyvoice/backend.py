@@ -1,8 +1,9 @@
 """CosyVoice3 backend: continuous-batched LLM plus batched token2wav, one scheduler step per ``step()``.
 
-One ``step(streams)`` call advances every given request by one scheduler step: a batched LLM decode
-(and prefill) step, then the ready token2wav hops in one flow + vocoder batch of at most
-``max_hop_rows`` rows, taken in the order the engine ranked the streams
+One ``step(streams, budget)`` call advances every given request by one scheduler step: a batched LLM
+decode (and prefill: at most the budget's ``prefill_rows`` new segments) step, then the ready token2wav
+hops in one flow + vocoder batch of at most the budget's ``hop_rows`` rows, taken in the order the
+engine ranked the streams
 (tts_engine/backends/cosyvoice/step.py). Each request gets the audio its hop produced (float32,
 24 kHz), an empty array while nothing is ready, ``None`` once its last sample was delivered, or the
 exception that failed it; one bad request does not fail its neighbours.
@@ -17,8 +18,9 @@ Sampling: each text segment gets its own CPU ``torch.Generator``. With ``seed`` 
 the seed and the segment's content, so a request's audio does not depend on what shares its batch;
 without it, from fresh randomness.
 
-Admission: ``capacity()`` is the number of KV slots; the engine opens at most that many streams at
-once (``can_admit``) and queues the rest, so an open stream always finds a slot for its next segment.
+Admission: ``limits()`` declares the KV slots as ``max_streams`` (and ``max_prefill_rows``,
+``max_hop_rows`` as the per-step caps); the engine's scheduler opens at most that many streams at once
+and queues the rest, so an open stream always finds a slot for its next segment.
 Chunks are returned as float tensors on the model's device: the engine resamples and converts them
 to int16 there, in one batch per step.
 
@@ -76,6 +78,7 @@ from cosyvoice.token2wav import SpeakerPrompt
 from tts_engine.backends.base import Backend
 from tts_engine.backends.cosyvoice.request import CosyVoiceStream, Segment, SpeedScaledStream
 from tts_engine.backends.cosyvoice.step import BatchedStep
+from tts_engine.budget import BackendLimits, StepBudget
 from tts_engine.errors import EngineError
 from tts_engine.memory import MemoryBudget, MemoryPlan, estimate_activation_bytes_per_row, module_bytes
 from tts_engine.voices import PromptAudio, VoiceError, VoicePreset, decode_prompt_wav, preset_cache_path
@@ -175,12 +178,14 @@ class CosyVoiceBackend(Backend):
         fixed_llm_tokens: int | None = None,
         llm_backend: str = "native",
         max_hop_rows: int | None = None,
+        max_prefill_rows: int | None = None,
         cuda_graphs: bool = False,
         torch_compile: bool = False,
         flow_cache: bool = True,
         flow_cache_mib: float | None = None,
         final_pass: str = "exact",
     ) -> None:
+        step_caps = BackendLimits(max_prefill_rows=max_prefill_rows, max_hop_rows=max_hop_rows)  # checked now
         if final_pass not in ("exact", "streaming"):
             raise ValueError(f"final_pass must be 'exact' or 'streaming', got {final_pass!r}")
         if flow_cache_mib is not None and flow_cache_mib < 0:
@@ -230,6 +235,12 @@ class CosyVoiceBackend(Backend):
             max_batch_size = self.memory_plan.num_slots
             log.info("cosyvoice memory plan: %s", self.memory_plan)
         self.max_batch_size = max_batch_size
+        self._limits = BackendLimits(
+            max_streams=max_batch_size,
+            max_batch_size=max_batch_size,
+            max_prefill_rows=step_caps.max_prefill_rows,
+            max_hop_rows=step_caps.max_hop_rows,
+        )
         self.max_llm_len = max_llm_len
         self.max_text_chars = max_text_chars
         self.seed = seed
@@ -261,7 +272,7 @@ class CosyVoiceBackend(Backend):
             from cosyvoice.compile import compile_token2wav
 
             self.compiled = compile_token2wav(model.token2wav, backend="inductor")
-        self.stepper = BatchedStep(self.runner, model.token2wav, max_hop_rows=max_hop_rows)
+        self.stepper = BatchedStep(self.runner, model.token2wav)
         self.flow_cache: FlowCacheManager | None = None
         if flow_cache:
             if self.memory_plan is not None:
@@ -419,16 +430,15 @@ class CosyVoiceBackend(Backend):
 
     # -- capacity and memory -------------------------------------------------------------------
 
-    def capacity(self) -> int:
-        """KV cache slots: every open stream holds one (for its current segment) until it closes."""
-        return self.max_batch_size
-
-    def can_admit(self, num: int = 1) -> bool:
-        return len(self._streams) + num <= self.max_batch_size
+    def limits(self) -> BackendLimits:
+        """KV cache slots as ``max_streams`` (every open stream holds one, for its current segment, until
+        it closes) and the per-step prefill and hop row caps."""
+        return self._limits
 
     def step_stats(self) -> dict[str, int | float]:
         return {
             "hops_deferred": self.stepper.num_hops_deferred,
+            "prefills_deferred": self.stepper.num_prefills_deferred,
             "decode_graphs": getattr(self.runner, "num_graphs", 0),
         }
 
@@ -453,7 +463,12 @@ class CosyVoiceBackend(Backend):
 
     # -- one scheduler step --------------------------------------------------------------------
 
-    def step(self, streams: Sequence[Any]) -> list[np.ndarray | None | BaseException]:
+    def step(
+        self, streams: Sequence[Any], budget: StepBudget | None = None
+    ) -> list[np.ndarray | None | BaseException]:
+        """One step within ``budget`` (None: the declared limits', for callers without a scheduler)."""
+        if budget is None:
+            budget = self._limits.step_budget()
         errors: dict[int, BaseException] = {}
         mine: list[CosyVoiceStream] = []
         for stream in streams:
@@ -461,7 +476,7 @@ class CosyVoiceBackend(Backend):
                 mine.append(stream)
             else:
                 errors[id(stream)] = EngineError("stream is closed or belongs to another backend")
-        chunks = self.stepper.run(mine, errors)
+        chunks = self.stepper.run(mine, errors, budget)
         results: list[np.ndarray | None | BaseException] = []
         for stream in streams:
             error = errors.get(id(stream))

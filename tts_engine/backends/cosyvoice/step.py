@@ -1,12 +1,15 @@
 """One CosyVoice3 scheduler step across many streams: a batched LLM step, then a batched token2wav hop.
 
 1. LLM: requests already holding a KV cache slot decode one token together (``runner.decode_step``);
-   new requests are prefilled together while free slots last (the rest wait, producing nothing).
-   Requests join and leave between steps; a finished or aborted request frees its slot at once.
+   new segments are prefilled together, at most the step budget's ``prefill_rows`` (the first ones in
+   the engine's order; the rest wait a step, producing nothing). The engine's scheduler admits no more
+   streams than there are KV slots and a stream holds at most one at a time, so a prefill always finds
+   a free slot. Requests join and leave between steps; a finished or aborted request frees its slot
+   at once.
 2. The new speech tokens go to each request's token2wav stream (silent runs filtered).
 3. The token2wav hops that are ready (25 -> 50 -> 100 tokens + 3 look-ahead, or the closing call) run in
-   one batched flow + vocoder call (``Token2Wav.run``). ``max_hop_rows`` caps the rows of that call: the
-   streams come in the engine's slack order (first chunks and streams about to run dry first), so
+   one batched flow + vocoder call (``Token2Wav.run``). The step budget's ``hop_rows`` caps the rows of
+   that call: the streams come in the engine's slack order (first chunks and streams about to run dry first), so
    the hops of streams that are seconds ahead wait for a later step instead of delaying everyone's.
 
 A batched call that raises is retried row by row where the rows' state allows it, so one bad request
@@ -23,6 +26,7 @@ import torch
 from cosyvoice.llm import LLMRequest
 from cosyvoice.token2wav import HopJob, Token2Wav
 from tts_engine.backends.cosyvoice.request import CosyVoiceStream
+from tts_engine.budget import StepBudget
 
 Errors = dict[int, BaseException]  # id(stream) -> what failed it
 
@@ -30,17 +34,18 @@ Errors = dict[int, BaseException]  # id(stream) -> what failed it
 class BatchedStep:
     """Runs steps for the cosyvoice backend; ``runner`` is an ``LLMRunner`` (or a drop-in one)."""
 
-    def __init__(self, runner: Any, token2wav: Token2Wav, *, max_hop_rows: int | None = None) -> None:
-        if max_hop_rows is not None and (isinstance(max_hop_rows, bool) or max_hop_rows < 1):
-            raise ValueError(f"max_hop_rows must be a positive int or None, got {max_hop_rows!r}")
+    def __init__(self, runner: Any, token2wav: Token2Wav) -> None:
         self.runner = runner
         self.token2wav = token2wav
-        self.max_hop_rows = max_hop_rows
-        self.num_hops_deferred = 0  # ready hops left for a later step by max_hop_rows
+        self.num_hops_deferred = 0  # ready hops left for a later step by the budget's hop_rows
+        self.num_prefills_deferred = 0  # prefills left for a later step by the budget's prefill_rows
 
-    def run(self, streams: Sequence[CosyVoiceStream], errors: Errors) -> dict[int, torch.Tensor]:
-        """Advance ``streams`` (in priority order) by one step; returns each stream's new audio by id."""
-        self._llm_step(streams, errors)
+    def run(
+        self, streams: Sequence[CosyVoiceStream], errors: Errors, budget: StepBudget
+    ) -> dict[int, torch.Tensor]:
+        """Advance ``streams`` (in priority order) by one step within ``budget``; each stream's new
+        audio by id."""
+        self._llm_step(streams, errors, budget.prefill_rows)
         jobs: list[tuple[CosyVoiceStream, HopJob]] = []
         for stream in streams:
             if id(stream) in errors:
@@ -53,14 +58,13 @@ class BatchedStep:
                 continue
             if job is not None:
                 jobs.append((stream, job))
-        if self.max_hop_rows is not None and len(jobs) > self.max_hop_rows:
-            self.num_hops_deferred += len(jobs) - self.max_hop_rows
-            jobs = jobs[: self.max_hop_rows]
+        jobs, deferred = StepBudget.take(jobs, budget.hop_rows)
+        self.num_hops_deferred += deferred
         return self._wave_step(jobs, errors)
 
     # -- LLM -----------------------------------------------------------------------------------
 
-    def _llm_step(self, streams: Sequence[CosyVoiceStream], errors: Errors) -> None:
+    def _llm_step(self, streams: Sequence[CosyVoiceStream], errors: Errors, prefill_rows: int | None) -> None:
         decode: list[tuple[CosyVoiceStream, LLMRequest]] = []
         prefill: list[tuple[CosyVoiceStream, LLMRequest]] = []
         for stream in streams:
@@ -68,7 +72,9 @@ class BatchedStep:
             if request is not None:
                 (prefill if request.slot is None else decode).append((stream, request))
         self._run_llm(self.runner.decode_step, decode, errors)
-        self._run_llm(self.runner.prefill, prefill[: self.runner.num_free_slots], errors)
+        prefill, deferred = StepBudget.take(prefill, prefill_rows)
+        self.num_prefills_deferred += deferred
+        self._run_llm(self.runner.prefill, prefill, errors)
 
     def _run_llm(
         self,

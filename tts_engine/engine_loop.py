@@ -1,10 +1,13 @@
-"""The engine thread's half of ``TTSEngine``: the loop that owns every backend call.
+"""The engine loop: the one thread that owns every backend call, composed into ``TTSEngine``.
 
-``EngineThread`` holds the methods that run in the engine thread: the loop (block on the inbox when
-the scheduler has no work), inbox commands, one step (schedule -> backend -> drain aborts -> update ->
-batched post-processing -> delivery) and the one way out (``_finish_requests``). ``TTSEngine``
-(tts_engine/engine.py) subclasses it and adds the event-loop API; it sets the attributes declared
-below. Results reach the loop only through ``_post`` (``loop.call_soon_threadsafe``).
+``EngineLoop`` owns the backend, the ``Scheduler`` and the inbox, and runs in its own thread: it blocks
+on the inbox when the scheduler has no work, applies inbox commands, runs one step (schedule -> backend
+within the plan's budget -> drain aborts -> update -> batched post-processing -> delivery) and has the
+one way out (``_finish_requests``). Its public methods (``submit``, ``abort``, ``resume``, ``call``,
+``shutdown``) may be called from any thread: they only put a command in the inbox. Results reach the
+event loop only through ``loop.call_soon_threadsafe``: chunks and ends go to each request's
+``SynthesisStream``, a ``call``'s outcome to ``on_call_done`` and the thread's end to ``on_stopped``
+(both given by the owner, ``TTSEngine`` in tts_engine/engine.py, which is the event-loop API).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -72,34 +76,94 @@ class Inbox(queue.Queue):
         self._backend.wake()
 
 
+CallOutcome = tuple[asyncio.Future[Any], Any, BaseException | None, Any]
+"""A ``call``'s future, its result, its error, and the backend's (voices, default voice) after it."""
+
+
 class _LoopGone(Exception):
     """The event loop the engine was started on is closed; nobody can receive output any more."""
 
 
-class EngineThread:
-    """The engine-thread methods of ``TTSEngine`` (which sets these attributes in its ``__init__``)."""
+class EngineLoop:
+    """The engine thread: owns ``backend``, its ``scheduler`` and the inbox; started on an event loop."""
 
-    _backend: Backend
-    _scheduler: Scheduler
-    _inbox: queue.Queue[_Command]
-    _loop: asyncio.AbstractEventLoop | None
-    _counts: dict[str, int]
-    _num_received: int
-    _is_shutting_down: bool
-    _crash: BaseException | None
-    _normalize_text: Callable[[str], str] | None  # tts.text_normalization; None: the text as written
-    max_queue_wait_s: float | None
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        max_buffered_chunks: int,
+        max_queue_wait_s: float | None,
+        text_normalizer: Callable[[str], str] | None,
+        on_call_done: Callable[[CallOutcome], None],
+        on_stopped: Callable[[BaseException | None], None],
+    ) -> None:
+        self._backend = backend
+        self.backend_name = backend.name
+        # tts.text_normalization; None (also for backends that read raw text): the text as written
+        self.normalize_text = None if backend.reads_raw_text else text_normalizer
+        self.scheduler = Scheduler(
+            limits=backend.limits(),
+            max_buffered_chunks=max_buffered_chunks,
+            max_queue_wait_s=max_queue_wait_s,
+        )
+        self.max_queue_wait_s = max_queue_wait_s
+        self._inbox: queue.Queue[_Command] = Inbox(backend)
+        self._on_call_done = on_call_done
+        self._on_stopped = on_stopped
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        # Written by the engine thread only.
+        self.num_received = 0  # _NewRequest commands taken from the inbox
+        self.counts = dict.fromkeys(
+            ("requests_finished", "requests_failed", "requests_aborted", "chunks_total", "samples_total",
+             "steps_total", "step_streams_total"),
+            0,
+        )  # fmt: skip
+        self._is_shutting_down = False
+        self.crash: BaseException | None = None
 
-    def _finish_call(self, outcome: tuple[asyncio.Future[Any], Any, BaseException | None, Any]) -> None:
-        raise NotImplementedError  # on the loop side (TTSEngine)
+    # -- any thread ----------------------------------------------------------------------------------
 
-    def _on_thread_stopped(self, crash: BaseException | None) -> None:
-        raise NotImplementedError  # on the loop side (TTSEngine)
+    @property
+    def is_started(self) -> bool:
+        return self._thread is not None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start the thread; its results go to ``loop``."""
+        if self._thread is not None:
+            raise EngineError("engine already started")
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name=f"tts-engine-{self.backend_name}", daemon=True)
+        self._thread.start()
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=timeout)
+
+    def submit(self, request: EngineRequest) -> None:
+        self._inbox.put(_NewRequest(request))
+
+    def abort(self, req_id: str) -> None:
+        self._inbox.put(_Abort(req_id))
+
+    def resume(self) -> None:
+        """A consumer made room under the buffer bound: its request is runnable again."""
+        self._inbox.put(_RESUME)
+
+    def call(self, fn: Callable[[], Any], future: asyncio.Future[Any]) -> None:
+        """Run ``fn`` in the engine thread between two steps; the outcome goes to ``on_call_done``."""
+        self._inbox.put(_Call(fn, future))
+
+    def shutdown(self) -> None:
+        """Stop after the current step; the thread closes the backend and calls ``on_stopped``."""
+        self._inbox.put(_SHUTDOWN)
+
+    # -- the engine thread ---------------------------------------------------------------------------
 
     def _run(self) -> None:
         crash: BaseException | None = None
         try:
-            scheduler = self._scheduler
+            scheduler = self.scheduler
             while not self._is_shutting_down:
                 block = not scheduler.has_work()
                 self._process_inbox(block=block, timeout=scheduler.get_wait_timeout() if block else None)
@@ -109,15 +173,15 @@ class EngineThread:
             logger.warning("event loop closed under the TTS engine; stopping its thread")
         except BaseException as exc:  # noqa: BLE001 - reported to every open stream, then the thread ends
             logger.exception("TTS engine thread crashed")
-            crash = self._crash = exc
+            crash = self.crash = exc
         finally:
-            self._finish_requests(list(self._scheduler.requests), RequestStatus.FINISHED_CLOSED)
+            self._finish_requests(list(self.scheduler.requests), RequestStatus.FINISHED_CLOSED)
             try:
                 self._backend.close()
             except Exception:  # noqa: BLE001
                 logger.exception("closing the %s backend failed", self.backend_name)
             try:
-                self._post(self._on_thread_stopped, crash)
+                self._post(self._on_stopped, crash)
             except _LoopGone:
                 pass  # nobody is waiting
 
@@ -132,8 +196,8 @@ class EngineThread:
                 self._is_shutting_down = True
                 return
             if isinstance(command, _NewRequest):
-                self._num_received += 1
-                self._scheduler.add_request(command.request)
+                self.num_received += 1
+                self.scheduler.add_request(command.request)
             elif isinstance(command, _Abort):
                 self._finish_requests([command.req_id], RequestStatus.FINISHED_ABORTED)
             elif isinstance(command, _Call):
@@ -155,12 +219,12 @@ class EngineThread:
             voices = (list(self._backend.voices()), self._backend.default_voice)
         except Exception:  # noqa: BLE001 - keep the old list
             logger.exception("reading the voices of the %s backend failed", self.backend_name)
-        self._post(self._finish_call, (call.future, result, error, voices))
+        self._post(self._on_call_done, (call.future, result, error, voices))
 
     def _open_backend_stream(self, request: EngineRequest) -> Any:
         backend = self._backend
-        if self._normalize_text is not None:  # here, not on the event loop that paces every device's audio
-            request.text = self._normalize_text(request.text)
+        if self.normalize_text is not None:  # here, not on the event loop that paces every device's audio
+            request.text = self.normalize_text(request.text)
         instruct = request.instruct if backend.supports_instruct else None
         if request.prompt_audio is not None:
             return backend.open_zero_shot_stream(
@@ -172,7 +236,7 @@ class EngineThread:
 
     def _step(self) -> None:
         """schedule -> backend -> drain aborts -> update -> batched post-processing -> delivery."""
-        scheduler = self._scheduler
+        scheduler = self.scheduler
         plan = scheduler.schedule()
         for req_id in plan.timed_out_req_ids:
             waited = self.max_queue_wait_s
@@ -183,10 +247,14 @@ class EngineThread:
         plan.scheduled = scheduled
         if not scheduled:
             return
-        self._counts["steps_total"] += 1
-        self._counts["step_streams_total"] += len(scheduled)
+        self.counts["steps_total"] += 1
+        self.counts["step_streams_total"] += len(scheduled)
         try:
-            outputs: list[Any] = list(self._backend.step([r.backend_stream for r in scheduled]))
+            streams = [r.backend_stream for r in scheduled]
+            budget = plan.budget  # passed only when it caps something: uncapped backends keep step(streams)
+            outputs: list[Any] = list(
+                self._backend.step(streams, budget) if budget.is_capped else self._backend.step(streams)
+            )
             if len(outputs) != len(scheduled):
                 raise EngineError(f"backend returned {len(outputs)} results for {len(scheduled)} streams")
         except Exception as exc:  # noqa: BLE001 - the whole batch failed; the engine goes on
@@ -231,8 +299,8 @@ class EngineThread:
             return  # the resampler is still filling its window
         request.num_chunks += 1
         request.credit.num_produced += 1
-        self._counts["chunks_total"] += 1
-        self._counts["samples_total"] += pcm.size
+        self.counts["chunks_total"] += 1
+        self.counts["samples_total"] += pcm.size
         request.credit.samples_produced += pcm.size
         self._post(request.stream._push_chunk, pcm)
 
@@ -240,7 +308,7 @@ class EngineThread:
         self, req_ids: list[str], status: RequestStatus, error: BaseException | None = None
     ) -> None:
         """The one way out: the scheduler drops them, their backend streams close, their streams hear."""
-        finished = self._scheduler.finish_requests(req_ids, status)
+        finished = self.scheduler.finish_requests(req_ids, status)
         for request in finished:
             if request.backend_stream is not None:
                 try:
@@ -249,17 +317,17 @@ class EngineThread:
                     logger.exception("closing the backend stream of %s failed", request.req_id)
         for request in finished:
             if status == RequestStatus.FINISHED_STOPPED:
-                self._counts["requests_finished"] += 1
+                self.counts["requests_finished"] += 1
                 self._post(request.stream._push_end, None)
             elif status == RequestStatus.FINISHED_FAILED:
-                self._counts["requests_failed"] += 1
+                self.counts["requests_failed"] += 1
                 cause = error if error is not None else EngineError("unknown failure")
                 logger.warning("TTS request %s failed: %r", request.req_id, cause)
                 if not isinstance(cause, EngineOverloaded):  # a timed-out wait raises EngineOverloaded itself
                     cause = SynthesisFailed(request.req_id, cause)
                 self._post(request.stream._push_end, cause)
             elif status == RequestStatus.FINISHED_ABORTED:
-                self._counts["requests_aborted"] += 1
+                self.counts["requests_aborted"] += 1
             # FINISHED_CLOSED: the loop side fails open streams itself once the thread has stopped.
 
     def _post(self, callback: Callable[[Any], None], arg: Any) -> None:

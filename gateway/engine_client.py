@@ -1,0 +1,314 @@
+"""``EngineClient``: the TTS engine's interface, served by engine worker processes (docs/engine-workers.md).
+
+Device sessions and the HTTP/WS API use it exactly like an in-process ``TTSEngine``: ``synthesize()``
+returns a ``SynthesisStream`` (a ``RemoteStream``) at once, ``abort()``, ``add_voice()``,
+``remove_voice()``, ``health()``, ``stats``, ``voices``... Behind it are ``WorkerSlot``s, one per worker
+(started here, or ``engine.remote`` addresses). Routing: each request goes to the ready worker with the
+most free capacity (its latest report, or this client's own in-flight count where that is larger). A
+worker that goes away fails only its own in-flight requests (``WorkerLost``, an ``EngineUnavailable``:
+the device speaks its apology, the API answers 503) and its slot restarts it; requests go to the others
+meanwhile, and with none ready ``synthesize()`` raises ``EngineUnavailable`` at once. Voices added at
+run time are sent to every worker and replayed to each one that (re)connects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gateway.engine_client_link import RemoteStream, WorkerLink
+from gateway.engine_client_workers import WorkerSlot
+from tts_engine.arguments import check_arguments, check_instruct
+from tts_engine.errors import EngineClosed, EngineError, EngineOverloaded, EngineUnavailable, UnknownVoice
+from tts_engine.request import SynthesisStream
+from tts_engine.voices import VoiceError, VoicePreset, decode_prompt_wav
+from tts_engine.worker import protocol as p
+
+log = logging.getLogger(__name__)
+
+
+class EngineClient:
+    """The engine interface over one or more engine workers."""
+
+    def __init__(
+        self, slots: list[WorkerSlot], *, max_pending_requests: int = 256, start_timeout_s: float = 300.0
+    ):
+        if not slots:
+            raise ValueError("EngineClient needs at least one worker")
+        self.slots = slots
+        self.max_pending_requests = max_pending_requests
+        self.start_timeout_s = start_timeout_s
+        for slot in slots:
+            slot._on_ready = self._replay_voices
+        self._hello: dict[str, Any] = {}
+        self._voices: list[str] = []
+        self._default_voice = ""
+        self._added: dict[str, VoicePreset] = {}  # run-time voices, replayed to every (re)connected worker
+        self._removed: set[str] = set()  # built-in voices removed at run time
+        self._streams: dict[str, RemoteStream] = {}
+        self._is_running = False
+        self._is_closed = False
+        self._counts = {"requests_total": 0, "requests_rejected": 0, "requests_failed": 0}
+        self.on_closed: Callable[[], None] | None = None  # cleanup once every worker has stopped
+
+    # -- properties (from the first worker's hello) ----------------------------------------------
+
+    @property
+    def backend_name(self) -> str:
+        return str(self._hello.get("backend", ""))
+
+    @property
+    def sample_rate(self) -> int:
+        return int(self._hello.get("sample_rate", 0))
+
+    @property
+    def supports_cloning(self) -> bool:
+        return bool(self._hello.get("supports_cloning", False))
+
+    @property
+    def text_normalization(self) -> str:
+        return str(self._hello.get("text_normalization", "off"))
+
+    @property
+    def max_buffered_chunks(self) -> int:
+        return int(self._hello.get("max_buffered_chunks", 8))
+
+    @property
+    def voices(self) -> list[str]:
+        return list(self._voices)
+
+    @property
+    def default_voice(self) -> str:
+        return self._default_voice
+
+    @property
+    def is_running(self) -> bool:
+        return self._is_running and not self._is_closed
+
+    @property
+    def stats(self) -> dict[str, int]:
+        links = [slot.link for slot in self.slots if slot.link is not None]
+        return {
+            **self._counts,
+            "live": len(self._streams),
+            "queue_depth": 0,
+            "workers": len(self.slots),
+            "workers_ready": len(links),
+            "worker_restarts": sum(slot.restarts for slot in self.slots),
+            "link_protocol_errors": sum(link.counts["protocol_errors"] for link in links),
+            "link_outbox_full": sum(link.counts["outbox_full"] for link in links),
+            # engine steps of the ready workers, as of their latest report (sent with each request's end)
+            "steps_total": sum(int(link.report.get("steps_total") or 0) for link in links),
+        }
+
+    def health(self) -> dict[str, Any]:
+        stats = self.stats
+        workers = [slot.health() for slot in self.slots]
+        ready = [w for w in workers if w["state"] == "ready"]
+        return {
+            "backend": self.backend_name,
+            "sample_rate": self.sample_rate,
+            "voices": self.voices,
+            "default_voice": self.default_voice,
+            "supports_cloning": self.supports_cloning,
+            "text_normalization": self.text_normalization,
+            "state": "closed"
+            if self._is_closed
+            else "running"
+            if ready
+            else "degraded"
+            if self._is_running
+            else "new",
+            "live_requests": stats["live"],
+            "open_streams": stats["live"],
+            "queue_depth": 0,
+            "requests_total": stats["requests_total"],
+            "errors": stats["requests_failed"],
+            "batching": {"capacity": sum(w["capacity"] or 0 for w in ready)},
+            "workers": workers,
+            "stats": stats,
+        }
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start every slot and wait for each worker's first hello (or failure); at least one must be ready."""
+        if self._is_closed:
+            raise EngineClosed("engine client is closed")
+        for slot in self.slots:
+            slot.start()
+        waits = [asyncio.shield(slot.first_ready) for slot in self.slots if slot.first_ready is not None]
+        try:
+            async with asyncio.timeout(self.start_timeout_s):
+                outcomes = await asyncio.gather(*waits, return_exceptions=True)
+        except TimeoutError:
+            outcomes = [TimeoutError(f"not ready within {self.start_timeout_s:.0f} s")]
+        if not self._hello:
+            errors = [o for o in outcomes if isinstance(o, BaseException)]
+            await self.close()  # stop the slots' retries and their processes; nothing is left behind
+            raise EngineUnavailable(f"no engine worker started: {errors[0] if errors else 'unknown'}")
+        for slot, outcome in zip(self.slots, outcomes, strict=False):
+            if isinstance(outcome, BaseException):
+                log.error(
+                    "engine worker %s did not start (%s); serving with the others", slot.address, outcome
+                )
+        self._is_running = True
+
+    async def close(self) -> None:
+        self._is_closed = True
+        await asyncio.gather(*(slot.close() for slot in self.slots))
+        for stream in list(self._streams.values()):
+            stream._push_end(EngineClosed("engine closed"))
+        if self.on_closed is not None:
+            self.on_closed()
+
+    async def _replay_voices(self, link: WorkerLink) -> None:
+        """A worker (re)connected: make its voice set the gateway's before it takes requests."""
+        if not self._hello:
+            self._hello = link.hello
+            self._voices = list(link.hello.get("voices") or [])
+            self._default_voice = str(link.hello.get("default_voice", ""))
+        for name in self._removed:
+            if name in (link.hello.get("voices") or []):
+                await link.call({"t": p.VOICE_REMOVE, "name": name})
+        for preset in list(self._added.values()):
+            try:
+                await link.call(await _voice_add_message(preset))
+            except (EngineError, VoiceError, ValueError) as exc:
+                log.warning("voice %r not available on engine worker %s: %s", preset.name, link.address, exc)
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def synthesize(
+        self,
+        text: str,
+        *,
+        voice: str | None = None,
+        sample_rate: int = 16000,
+        req_id: str | None = None,
+        speed: float = 1.0,
+        instruct: str | None = None,
+        playback_ahead: float = 0.0,
+    ) -> SynthesisStream:
+        """Like ``TTSEngine.synthesize()``: queued on the worker with the most free capacity."""
+        check_arguments(text, sample_rate, speed)
+        voice = self._default_voice if voice is None else voice
+        if voice not in self._voices:
+            raise UnknownVoice(voice, self._voices)
+        message = {"t": p.SYNTH, "text": text, "voice": voice, "rate": sample_rate, "speed": float(speed),
+                   "instruct": check_instruct(instruct), "ahead": float(playback_ahead)}  # fmt: skip
+        return self._submit(message, req_id, sample_rate, playback_ahead)
+
+    def synthesize_zero_shot(
+        self,
+        text: str,
+        *,
+        prompt_wav: bytes,
+        prompt_text: str,
+        sample_rate: int = 16000,
+        speed: float = 1.0,
+        req_id: str | None = None,
+        instruct: str | None = None,
+    ) -> SynthesisStream:
+        check_arguments(text, sample_rate, speed)
+        if not self.supports_cloning:
+            raise VoiceError(f"backend {self.backend_name} cannot clone voices")
+        if not isinstance(prompt_text, str):
+            raise VoiceError(f"prompt_text must be a string, got {type(prompt_text).__name__}")
+        decode_prompt_wav(prompt_wav)  # a bad recording is refused here, as in process
+        message = {"t": p.SYNTH, "text": text, "rate": sample_rate, "speed": float(speed),
+                   "instruct": check_instruct(instruct), "prompt_wav": bytes(prompt_wav),
+                   "prompt_text": prompt_text.strip()}  # fmt: skip
+        return self._submit(message, req_id, sample_rate, 0.0)
+
+    def _submit(
+        self, message: dict[str, Any], req_id: str | None, rate: int, ahead: float
+    ) -> SynthesisStream:
+        if self._is_closed:
+            raise EngineClosed("engine is closed")
+        if req_id is None:
+            req_id = uuid.uuid4().hex
+        elif not isinstance(req_id, str) or not req_id:
+            raise ValueError(f"req_id must be a non-empty string, got {req_id!r}")
+        elif req_id in self._streams:
+            raise ValueError(f"req_id {req_id!r} is already in use by an open stream")
+        if len(self._streams) >= self.max_pending_requests:
+            self._counts["requests_rejected"] += 1
+            raise EngineOverloaded(f"too many pending requests (limit {self.max_pending_requests})")
+        link = self._pick()
+        self._counts["requests_total"] += 1
+        stream = RemoteStream(link, req_id, rate, ahead)
+        if not str(message["text"]).strip():
+            stream._push_end()
+            return stream
+        self._streams[req_id] = stream
+        stream._on_done = self._done_hook(stream._on_done)
+        link.submit(stream, {**message, "id": req_id})
+        return stream
+
+    def _pick(self) -> WorkerLink:
+        links = [slot.link for slot in self.slots if slot.link is not None and slot.link.is_up]
+        if not links:
+            self._counts["requests_rejected"] += 1
+            states = ", ".join(f"{slot.address}: {slot.state}" for slot in self.slots)
+            raise EngineUnavailable(f"no engine worker is ready ({states})")
+        return max(links, key=lambda link: link.free())
+
+    def _done_hook(self, inner: Any) -> Any:
+        def done(stream: SynthesisStream) -> None:
+            self._streams.pop(stream.req_id, None)
+            error = getattr(stream, "_error", None)
+            if error is not None:
+                self._counts["requests_failed"] += 1
+            if inner is not None:
+                inner(stream)
+
+        return done
+
+    def abort(self, req_id: str) -> bool:
+        stream = self._streams.get(req_id)
+        return stream is not None and stream._abort()
+
+    # -- voices ----------------------------------------------------------------------------------
+
+    async def add_voice(self, preset: VoicePreset) -> None:
+        """Prepare ``preset`` on every ready worker; the first refusal raises (and others undo nothing)."""
+        if not self.supports_cloning:
+            raise VoiceError(f"backend {self.backend_name} cannot clone voices")
+        message = await _voice_add_message(preset)
+        await self._call_all(message)
+        self._added[preset.name] = preset
+        self._removed.discard(preset.name)
+
+    async def remove_voice(self, name: str) -> None:
+        if not self.supports_cloning:
+            raise VoiceError(f"backend {self.backend_name} cannot clone voices")
+        await self._call_all({"t": p.VOICE_REMOVE, "name": name})
+        if self._added.pop(name, None) is None:
+            self._removed.add(name)
+
+    async def _call_all(self, message: dict[str, Any]) -> None:
+        links = [slot.link for slot in self.slots if slot.link is not None and slot.link.is_up]
+        if not links:
+            raise EngineUnavailable("no engine worker is ready")
+        results = await asyncio.gather(*(link.call(message) for link in links), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        answers = [r for r in results if isinstance(r, dict)]
+        if answers:
+            self._voices = list(answers[0].get("voices") or [])
+            self._default_voice = str(answers[0].get("default_voice", self._default_voice))
+        refusals = [e for e in errors if not isinstance(e, EngineUnavailable)]
+        if refusals or not answers:
+            raise (refusals or errors)[0]
+
+
+async def _voice_add_message(preset: VoicePreset) -> dict[str, Any]:
+    wav = None
+    if preset.prompt_wav is not None:
+        wav = await asyncio.to_thread(Path(preset.prompt_wav).read_bytes)
+    return {"t": p.VOICE_ADD, "name": preset.name, "prompt_wav": wav, "prompt_text": preset.prompt_text,
+            "instruct": preset.instruct, "description": preset.description}  # fmt: skip

@@ -1,0 +1,269 @@
+"""One connection to one engine worker, and the streams of the requests it carries.
+
+``WorkerLink`` connects (unix or TCP, with a timeout), waits for the worker's ``hello`` (with a
+timeout), then runs a reader task that feeds frames to the streams and call futures, and a writer task
+that drains a bounded outbound queue into the socket. When the socket ends (the worker died, EOF, a
+protocol error) every request still in flight fails with ``WorkerLost`` and ``lost`` resolves: the
+owner restarts or reconnects. ``RemoteStream`` is a ``SynthesisStream`` fed by the link: each chunk
+read is reported back (``credit``) so the worker's engine keeps its ``max_buffered_chunks`` bound and
+slack ranking end to end; ``set_playback_ahead`` sends the listener's playback credit as a value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from typing import Any
+
+import numpy as np
+
+from tts_engine.errors import EngineError, WorkerLost
+from tts_engine.request import ChunkCredit, SynthesisStream
+from tts_engine.worker import protocol as p
+from tts_engine.worker.server import parse_address
+
+log = logging.getLogger(__name__)
+
+OUTBOX_FRAMES = 4096  # frames waiting for the socket; more means the worker stopped reading: link lost
+
+
+class RemoteStream(SynthesisStream):
+    """A ``SynthesisStream`` whose chunks come from a worker over a ``WorkerLink``."""
+
+    def __init__(self, link: WorkerLink, req_id: str, sample_rate: int, ahead: float) -> None:
+        super().__init__(
+            req_id,
+            sample_rate,
+            credit=ChunkCredit(ahead),
+            max_buffered_chunks=link.max_buffered_chunks,
+            on_resume=lambda: None,  # the worker is told about every chunk read instead
+            on_abort=link.abort,
+            on_done=link.forget,
+        )
+        self._link = link
+
+    async def __anext__(self) -> np.ndarray:
+        chunk = await super().__anext__()
+        if not self.is_finished:
+            self._link.send({"t": p.CREDIT, "id": self.req_id, "n": 1, "samples": int(chunk.size)})
+        return chunk
+
+    def set_playback_ahead(self, seconds: float) -> None:
+        super().set_playback_ahead(seconds)
+        if not self.is_finished:
+            self._link.send({"t": p.AHEAD, "id": self.req_id, "s": self._credit.ahead[0]})
+
+    def _receive(self, pcm: bytes) -> bool:
+        """A chunk from the worker; False when it breaks the credit bound (a misbehaving worker)."""
+        chunk = np.frombuffer(pcm, dtype="<i2").astype(np.int16, copy=False)
+        self._credit.num_produced += 1
+        self._credit.samples_produced += chunk.size
+        if self.num_buffered >= self._max_buffered_chunks:
+            return False
+        self._push_chunk(chunk)
+        return True
+
+
+class WorkerLink:
+    """A connected engine worker: its capabilities (from ``hello``), requests and calls in flight."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.hello: dict[str, Any] = {}
+        self.report: dict[str, Any] = {}
+        self.streams: dict[str, RemoteStream] = {}
+        self.lost: asyncio.Future[str] | None = None  # resolves with the reason when the link ends
+        self.counts = {"requests_total": 0, "chunks_total": 0, "protocol_errors": 0, "outbox_full": 0}
+        self._calls: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._call_ids = itertools.count(1)
+        self._outbox: asyncio.Queue[bytes] = asyncio.Queue(OUTBOX_FRAMES)
+        self._writer: asyncio.StreamWriter | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def connect(self, timeout_s: float) -> None:
+        """Open the socket and read the worker's ``hello``; raises ``WorkerLost`` on failure or timeout."""
+        kind, where = parse_address(self.address)
+        try:
+            async with asyncio.timeout(timeout_s):
+                if kind == "unix":
+                    reader, writer = await asyncio.open_unix_connection(where, limit=p.READ_SIZE)
+                else:
+                    reader, writer = await asyncio.open_connection(*where, limit=p.READ_SIZE)
+                frames = p.FrameReader()
+                pending: list[dict[str, Any]] = []
+                while not pending:
+                    data = await reader.read(p.READ_SIZE)
+                    if not data:
+                        raise ConnectionError("the worker closed the connection before its hello")
+                    pending = frames.feed(data)
+        except (OSError, TimeoutError, p.ProtocolError) as exc:
+            raise WorkerLost(f"cannot connect to engine worker {self.address}: {exc!r}") from exc
+        hello = pending.pop(0)
+        if hello.get("t") != p.HELLO or hello.get("version") != p.PROTOCOL_VERSION:
+            writer.close()
+            raise WorkerLost(f"engine worker {self.address} speaks another protocol: {hello!r:.200}")
+        self.hello = hello
+        self.report = {k: hello.get(k) for k in ("state", "capacity", "in_flight", "free", "device", "pid")}
+        self._writer = writer
+        self.lost = asyncio.get_running_loop().create_future()
+        self._tasks = [
+            asyncio.create_task(self._read_in(reader, frames, pending)),
+            asyncio.create_task(self._write_out()),
+        ]
+
+    async def close(self) -> None:
+        self._end("closed by the gateway")
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    @property
+    def is_up(self) -> bool:
+        return self.lost is not None and not self.lost.done()
+
+    @property
+    def max_buffered_chunks(self) -> int:
+        return int(self.hello.get("max_buffered_chunks", 8))
+
+    @property
+    def capacity(self) -> int:
+        return int(self.report.get("capacity") or self.hello.get("max_pending_requests") or 1)
+
+    def free(self) -> int:
+        """Free capacity: the worker's latest count (other gateways' requests too) or ours, the larger."""
+        reported = int(self.report.get("in_flight") or 0)
+        return self.capacity - max(reported, len(self.streams))
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def submit(self, stream: RemoteStream, message: dict[str, Any]) -> None:
+        self.streams[stream.req_id] = stream
+        self.counts["requests_total"] += 1
+        self.send(message)
+
+    def abort(self, req_id: str) -> None:
+        self.send({"t": p.ABORT, "id": req_id})
+
+    def forget(self, stream: SynthesisStream) -> None:
+        if self.streams.get(stream.req_id) is stream:
+            del self.streams[stream.req_id]
+
+    async def call(self, message: dict[str, Any], timeout_s: float = 60.0) -> dict[str, Any]:
+        """Send a voice/health call and wait for its ``result`` (its ``error`` raises)."""
+        if not self.is_up:
+            raise WorkerLost(f"engine worker {self.address} is not connected")
+        call = next(self._call_ids)
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._calls[call] = future
+        self.send({**message, "call": call})
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await future
+        finally:
+            self._calls.pop(call, None)
+
+    def send(self, message: dict[str, Any]) -> None:
+        if not self.is_up:
+            return
+        try:
+            self._outbox.put_nowait(p.pack(message))
+        except asyncio.QueueFull:
+            self.counts["outbox_full"] += 1
+            self._end(f"send queue full ({OUTBOX_FRAMES} frames): the worker stopped reading")
+
+    # -- tasks -----------------------------------------------------------------------------------
+
+    async def _write_out(self) -> None:
+        assert self._writer is not None
+        try:
+            while True:
+                frame = await self._outbox.get()
+                self._writer.write(frame)
+                await self._writer.drain()
+        except (ConnectionError, OSError) as exc:
+            self._end(f"write failed: {exc!r}")
+
+    async def _read_in(
+        self, reader: asyncio.StreamReader, frames: p.FrameReader, pending: list[dict[str, Any]]
+    ) -> None:
+        reason = "the worker closed the connection"
+        try:
+            for message in pending:
+                self._dispatch(message)
+            while data := await reader.read(p.READ_SIZE):
+                for message in frames.feed(data):
+                    self._dispatch(message)
+        except p.ProtocolError as exc:
+            self.counts["protocol_errors"] += 1
+            reason = f"protocol error: {exc}"
+        except (ConnectionError, OSError) as exc:
+            reason = f"read failed: {exc!r}"
+        self._end(reason)
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        kind = message.get("t")
+        req_id = message.get("id")
+        stream = self.streams.get(req_id) if isinstance(req_id, str) else None
+        if kind == p.CHUNK:
+            pcm = message.get("pcm")
+            if stream is not None and isinstance(pcm, bytes):
+                self.counts["chunks_total"] += 1
+                if not stream._receive(pcm):
+                    self.counts["protocol_errors"] += 1
+                    stream._push_end(EngineError(f"engine worker {self.address} sent past the credit bound"))
+                    self.abort(stream.req_id)
+        elif kind == p.END:
+            self._note_in_flight(message)
+            if stream is not None:
+                stream._push_end()
+        elif kind == p.ERROR:
+            self._note_in_flight(message)
+            call = message.get("call")
+            if stream is not None:
+                stream._push_end(p.error_to_exception(message, stream.req_id))
+            elif isinstance(call, int) and call in self._calls:
+                future = self._calls[call]
+                if not future.done():
+                    future.set_exception(p.error_to_exception(message))
+            else:
+                self.counts["protocol_errors"] += 1
+                log.warning(
+                    "engine worker %s: %s: %s", self.address, message.get("kind"), message.get("message")
+                )
+        elif kind == p.RESULT:
+            report = message.get("report")
+            if isinstance(report, dict):
+                self.report = report
+            future = self._calls.get(message.get("call"))  # type: ignore[arg-type]
+            if future is not None and not future.done():
+                future.set_result(message)
+        else:
+            self.counts["protocol_errors"] += 1
+
+    def _note_in_flight(self, message: dict[str, Any]) -> None:
+        in_flight = message.get("in_flight")
+        if isinstance(in_flight, int):
+            self.report["in_flight"] = in_flight
+
+    def _end(self, reason: str) -> None:
+        """The link is over: fail what is in flight (WorkerLost), resolve ``lost``."""
+        if self.lost is None or self.lost.done():
+            return
+        self.lost.set_result(reason)
+        if reason != "closed by the gateway":
+            log.warning(
+                "engine worker %s lost: %s (%d requests in flight)", self.address, reason, len(self.streams)
+            )
+        for stream in list(self.streams.values()):
+            stream._push_end(WorkerLost(f"engine worker {self.address} went away: {reason}"))
+        self.streams.clear()
+        for future in self._calls.values():
+            if not future.done():
+                future.set_exception(WorkerLost(f"engine worker {self.address} went away: {reason}"))
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                self._writer.close()

@@ -1,0 +1,220 @@
+"""Keeping one engine worker connected: start its process (or reach a remote one), restart on loss.
+
+A ``WorkerSlot`` is one worker address. For a worker this gateway starts, the slot runs
+``python -m tts_engine serve`` on a unix socket in a private temp dir, waits for its ``READY`` line
+(timeout), connects, and when the link is lost or the process exits it kills what is left and starts it
+again after a backoff (1 s doubling to 30 s; the count resets once a worker stayed up a minute), giving
+up after ``max_restarts`` in a row. A remote slot (``engine.remote``) reconnects the same way. Each new
+link gets the gateway's run-time voices replayed (``on_ready``) before it takes requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.engine_client_link import WorkerLink
+from tts_engine.errors import WorkerLost
+
+log = logging.getLogger(__name__)
+
+BACKOFF_START_S = 1.0
+BACKOFF_MAX_S = 30.0
+HEALTHY_AFTER_S = 60.0  # a worker up this long resets the restart count
+
+
+@dataclass
+class WorkerCommand:
+    """How to start a local worker process."""
+
+    backend: str
+    device: str
+    config_path: str
+    backend_options: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def argv(self, listen: str) -> list[str]:
+        argv = [sys.executable, "-m", "tts_engine", "serve", "--backend", self.backend, "--device", self.device,
+                "--listen", listen, "--config", self.config_path, "--exit-on-stdin-eof"]  # fmt: skip
+        if self.backend_options:
+            argv += ["--backend-options", self.backend_options]
+        return argv
+
+
+class WorkerSlot:
+    def __init__(
+        self,
+        address: str,
+        *,
+        command: WorkerCommand | None = None,
+        connect_timeout_s: float = 10.0,
+        start_timeout_s: float = 300.0,
+        max_restarts: int = 10,
+        on_ready: Callable[[WorkerLink], Awaitable[None]] | None = None,
+    ) -> None:
+        self.address = address
+        self.command = command
+        self.connect_timeout_s = connect_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.max_restarts = max_restarts
+        self._on_ready = on_ready
+        self.link: WorkerLink | None = None  # set while connected and ready for requests
+        self.state = "starting"
+        self.restarts = 0
+        self.last_error: str | None = None
+        self.process: asyncio.subprocess.Process | None = None
+        self.first_ready: asyncio.Future[None] | None = None  # made in start(), on the serving loop
+        self._task: asyncio.Task[None] | None = None
+        self._drain_task: asyncio.Task[None] | None = None
+
+    @property
+    def device(self) -> str:
+        if self.link is not None and self.link.report.get("device"):
+            return str(self.link.report["device"])
+        return self.command.device if self.command else "remote"
+
+    def start(self) -> None:
+        self.first_ready = asyncio.get_running_loop().create_future()
+        self._task = asyncio.create_task(self._run(), name=f"engine-worker {self.address}")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self._drop()
+        self.state = "closed"
+
+    def health(self) -> dict[str, Any]:
+        link = self.link
+        report = link.report if link is not None else {}
+        return {
+            "address": self.address,
+            "device": self.device,
+            "state": self.state,
+            "capacity": link.capacity if link is not None else None,
+            "in_flight": len(link.streams) if link is not None else 0,
+            "worker_in_flight": report.get("in_flight"),
+            "pid": self.process.pid if self.process is not None else report.get("pid"),
+            "restarts": self.restarts,
+            "last_error": self.last_error,
+        }
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            started = time.monotonic()
+            try:
+                link = await self._bring_up()
+                self.state, self.link = "ready", link
+                if self.first_ready is not None and not self.first_ready.done():
+                    self.first_ready.set_result(None)
+                reason = await self._wait_lost(link)
+                self.last_error = reason
+            except WorkerLost as exc:
+                self.last_error = str(exc)
+                log.warning("engine worker %s: %s", self.address, exc)
+            except Exception as exc:  # noqa: BLE001 - a replay or start failure is one more failure
+                self.last_error = repr(exc)
+                log.exception("engine worker %s failed to start", self.address)
+            if self.first_ready is not None and not self.first_ready.done():  # start-up goes on without it
+                self.first_ready.set_exception(WorkerLost(f"engine worker {self.address}: {self.last_error}"))
+            await self._drop()
+            if time.monotonic() - started >= HEALTHY_AFTER_S:
+                failures = 0
+            failures += 1
+            if failures > self.max_restarts:
+                self.state = "failed"
+                log.error(
+                    "engine worker %s: giving up after %d restarts in a row", self.address, self.max_restarts
+                )
+                return
+            delay = min(BACKOFF_MAX_S, BACKOFF_START_S * 2 ** (failures - 1))
+            self.state = "restarting"
+            self.restarts += 1
+            log.warning(
+                "engine worker %s: restart %d/%d in %.0f s", self.address, failures, self.max_restarts, delay
+            )
+            await asyncio.sleep(delay)  # the backoff itself, not a poll
+
+    async def _bring_up(self) -> WorkerLink:
+        self.state = "starting"
+        if self.command is not None:
+            await self._spawn()
+        link = WorkerLink(self.address)
+        await link.connect(self.connect_timeout_s)
+        try:
+            if self._on_ready is not None:
+                await self._on_ready(link)
+        except BaseException:
+            await link.close()
+            raise
+        return link
+
+    async def _spawn(self) -> None:
+        assert self.command is not None
+        path = self.address.removeprefix("unix:")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        self.process = await asyncio.create_subprocess_exec(
+            *self.command.argv(self.address),
+            stdin=asyncio.subprocess.PIPE,  # never written: its EOF (this process gone) stops the worker
+            stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, **self.command.env},
+        )
+        assert self.process.stdout is not None
+        try:
+            async with asyncio.timeout(self.start_timeout_s):
+                while line := await self.process.stdout.readline():
+                    if line.startswith(b"READY"):
+                        break
+                else:
+                    raise WorkerLost(f"worker exited with {await self.process.wait()} before it was ready")
+        except TimeoutError as exc:
+            raise WorkerLost(f"worker not ready within {self.start_timeout_s:.0f} s") from exc
+        self._drain_task = asyncio.create_task(_drain(self.process.stdout))
+
+    async def _wait_lost(self, link: WorkerLink) -> str:
+        assert link.lost is not None
+        waits: list[asyncio.Future[Any]] = [link.lost]
+        if self.process is not None:
+            waits.append(asyncio.ensure_future(self.process.wait()))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits[1:]:
+                wait.cancel()
+        if link.lost.done():
+            return link.lost.result()
+        return f"worker process exited with {self.process.returncode if self.process else '?'}"
+
+    async def _drop(self) -> None:
+        link, self.link = self.link, None
+        if link is not None:
+            await link.close()
+        process, self.process = self.process, None
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), 10)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()
+
+
+async def _drain(stream: asyncio.StreamReader) -> None:
+    """Read a worker's stdout to its end so the pipe never fills (it logs to stderr)."""
+    with contextlib.suppress(Exception):
+        while await stream.read(4096):
+            pass

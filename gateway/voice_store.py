@@ -1,0 +1,429 @@
+"""Voice presets: YAML files in one folder, each naming a prompt recording and its transcript.
+
+A preset ``voices/<name>.yaml`` holds::
+
+    name: default            # [A-Za-z0-9_-]{1,64}, equal to the file stem
+    prompt_wav: default.wav  # relative to the folder, or absolute; >= 16 kHz, 1..30 s, channels mixed to mono
+    prompt_text: "..."       # transcript of prompt_wav (zero-shot cloning); empty: cross-lingual mode
+    instruct: null           # optional instruct text (e.g. "用四川话说"); set: instruct mode by default
+    description: ""          # optional
+    fallback: espeak         # optional: prompt_wav missing -> speak prompt_text with espeak-ng instead
+
+``VoiceStore`` validates every preset at ``load()`` (a bad one is skipped with a warning), adds uploaded
+voices as one atomic unit and names the cache file a backend keeps prepared features in:
+``.cache/<name>.<hash>.safetensors``, the hash covering the wav bytes and the transcript, so an edited
+preset never reuses stale features.
+
+An upload is written in two steps. ``stage()`` writes the recording as ``<name>.<sha256[:16]>.wav`` (a
+new file: the recording of the current version is not touched); ``commit()`` then replaces
+``<name>.yaml``, which names that exact file, with one ``os.replace``: the YAML is the commit record.
+A crash before the commit leaves the old version whole (plus an unreferenced wav), a crash after it
+the new one; ``discard()`` drops a staged upload that was refused. ``load()`` removes what a crash
+leaves behind: temporary files and unreferenced ``<name>.<hash>.wav`` recordings older than
+``STALE_AFTER_S`` (younger ones may belong to an upload in progress in another process).
+
+The store does file I/O only; it is used on the event loop at start-up and from upload handlers, and
+hands the engine ``VoicePreset`` values (tts_engine/voices.py: what an engine, in this process or a
+worker, needs of a voice). Nothing here knows about models.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tts_engine.errors import UnknownVoice
+from tts_engine.voices import (
+    MAX_PROMPT_BYTES,
+    VoiceError,
+    VoicePreset,
+    check_voice_name,
+    decode_prompt_wav,
+    preset_cache_path,
+)
+
+__all__ = ["MAX_PRESET_BYTES", "StagedVoice", "VoiceExists", "VoiceStore"]
+
+log = logging.getLogger(__name__)
+
+MAX_TEXT_CHARS = 1000
+MAX_PRESET_BYTES = 64 * 1024  # a preset YAML is a few lines
+CACHE_DIR = ".cache"
+STALE_AFTER_S = 600.0  # leftovers of an interrupted write older than this are removed by load()
+_OWN_WAV_RE = re.compile(r"(?P<name>[A-Za-z0-9_-]{1,64})\.[0-9a-f]{16}\.wav")  # written by stage()
+_TEMP_RE = re.compile(r"\..+\.tmp")  # written by _atomic_write()
+_KEYS = {"name", "prompt_wav", "prompt_text", "instruct", "description", "fallback"}
+_FALLBACKS = ("espeak",)
+
+
+class VoiceExists(VoiceError):
+    """``VoiceStore.add()`` without ``overwrite`` for a name that is taken."""
+
+
+@dataclass(frozen=True, slots=True)
+class StagedVoice:
+    """An upload whose recording is on disk but that is not a voice yet: ``commit()`` or ``discard()`` it."""
+
+    preset: VoicePreset
+    wrote_wav: bool  # False: an identical recording was already there (discard leaves it)
+
+
+def _optional_text(data: dict[str, Any], key: str, source: Path, *, default: str | None) -> str | None:
+    value = data.get(key, default)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise VoiceError(f"{source}: field {key!r} must be a string, got {type(value).__name__}")
+    if len(value) > MAX_TEXT_CHARS:
+        raise VoiceError(f"{source}: field {key!r} is longer than {MAX_TEXT_CHARS} characters")
+    return value.strip()
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """``path`` holds ``data`` or what it held before, never a part: a synced temporary file renamed over it."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _sync_dir(path.parent)
+
+
+def _sync_dir(directory: Path) -> None:
+    """Make a rename or unlink in ``directory`` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _is_stale(path: Path, now: float) -> bool:
+    try:
+        return now - path.stat().st_mtime > STALE_AFTER_S
+    except OSError:
+        return False
+
+
+class VoiceStore:
+    """The presets of one folder (``voices/``), plus uploads and the feature-cache names."""
+
+    def __init__(self, directory: str | Path, *, espeak_executable: str = "espeak-ng") -> None:
+        self.directory = Path(directory).resolve()
+        self.cache_dir = self.directory / CACHE_DIR
+        self.espeak_executable = espeak_executable
+        self._presets: dict[str, VoicePreset] = {}
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def load(self, *, strict: bool = False) -> list[VoicePreset]:
+        """(Re)read every ``*.yaml``; a bad one is logged and skipped, or raises VoiceError with ``strict``.
+
+        Leftovers of interrupted writes (see the module docstring) are removed first.
+        """
+        presets: dict[str, VoicePreset] = {}
+        if self.directory.is_dir():
+            self._remove_leftovers()
+            for path in sorted(self.directory.glob("*.yaml")):
+                try:
+                    preset = self._read_preset(path)
+                except Exception as exc:  # any bad file: skipped, the server starts without it
+                    error = exc if isinstance(exc, VoiceError) else VoiceError(f"{path}: {exc!r}")
+                    if strict:
+                        raise error from exc
+                    log.warning("skipping voice preset: %s", error)
+                    continue
+                presets[preset.name] = preset
+        elif strict:
+            raise VoiceError(f"{self.directory}: voice folder not found")
+        self._presets = presets
+        return self.list()
+
+    def _remove_leftovers(self) -> None:
+        """Delete stale temporary files and stale recordings of uploads that were never committed."""
+        now = time.time()
+        folders = [self.directory] + ([self.cache_dir] if self.cache_dir.is_dir() else [])
+        for folder in folders:
+            for path in folder.iterdir():
+                if _TEMP_RE.fullmatch(path.name) and path.is_file() and _is_stale(path, now):
+                    self._remove_leftover(path, "temporary file of an interrupted write")
+        referenced = self._referenced_files()
+        if referenced is None:
+            return
+        named = set(referenced.values())
+        for path in self.directory.glob("*.wav"):
+            if path.name in named or not _is_stale(path, now):
+                continue
+            # An upload never committed, or the recording of a version replaced just before a crash
+            # (``<name>.wav``, as earlier versions wrote it, while ``<name>.yaml`` names a newer one).
+            match = _OWN_WAV_RE.fullmatch(path.name)
+            newer = referenced.get(path.stem, "")
+            replaced = (m := _OWN_WAV_RE.fullmatch(newer)) is not None and m["name"] == path.stem
+            if match is not None or replaced:
+                self._remove_leftover(path, "recording that no voice uses (an interrupted upload)")
+
+    def _referenced_files(self) -> dict[str, str] | None:
+        """Preset name -> the file name its ``prompt_wav`` names (None: a YAML is unreadable, keep all)."""
+        names: dict[str, str] = {}
+        for path in self.directory.glob("*.yaml"):
+            try:
+                data = yaml.safe_load(self._read_text(path))
+            except Exception:
+                return None
+            if isinstance(data, dict) and isinstance(data.get("prompt_wav"), str):
+                names[path.stem] = Path(data["prompt_wav"]).name
+        return names
+
+    @staticmethod
+    def _remove_leftover(path: Path, what: str) -> None:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("cannot remove %s %s: %s", what, path, exc)
+            return
+        log.warning("removed %s: %s", what, path)
+
+    def list(self) -> list[VoicePreset]:
+        return [self._presets[name] for name in sorted(self._presets)]
+
+    def names(self) -> list[str]:
+        return sorted(self._presets)
+
+    def get(self, name: str) -> VoicePreset:
+        preset = self._presets.get(name)
+        if preset is None:
+            raise UnknownVoice(name, self.names())
+        return preset
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._presets
+
+    def _read_preset(self, path: Path) -> VoicePreset:
+        try:
+            data = yaml.safe_load(self._read_text(path))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError) as exc:
+            raise VoiceError(f"{path}: unreadable YAML: {exc}") from exc
+        if not isinstance(data, dict):
+            raise VoiceError(f"{path}: expected a mapping of preset fields")
+        unknown = set(data) - _KEYS
+        if unknown:
+            raise VoiceError(f"{path}: unknown field(s) {sorted(unknown)}; allowed: {sorted(_KEYS)}")
+        name = data.get("name", path.stem)
+        if name != path.stem:
+            raise VoiceError(f"{path}: field 'name' is {name!r} but must equal the file stem {path.stem!r}")
+        try:
+            check_voice_name(name)
+        except VoiceError as exc:
+            raise VoiceError(f"{path}: {exc}") from exc
+        prompt_text = _optional_text(data, "prompt_text", path, default="") or ""
+        instruct = _optional_text(data, "instruct", path, default=None) or None
+        description = _optional_text(data, "description", path, default="") or ""
+        fallback = data.get("fallback")
+        if fallback is not None and fallback not in _FALLBACKS:
+            raise VoiceError(f"{path}: field 'fallback' must be one of {list(_FALLBACKS)} or null")
+        wav_field = data.get("prompt_wav")
+        wav: Path | None = None
+        if wav_field is not None:
+            if not isinstance(wav_field, str) or not wav_field:
+                raise VoiceError(f"{path}: field 'prompt_wav' must be a file name")
+            wav = (self.directory / wav_field).resolve()
+            if not wav.is_file():
+                if fallback != "espeak":
+                    raise VoiceError(f"{path}: field 'prompt_wav': {wav} not found")
+                wav = self._espeak_prompt(name, prompt_text, path, wav)
+            try:
+                if wav.stat().st_size > MAX_PROMPT_BYTES:
+                    raise VoiceError(
+                        f"{path}: field 'prompt_wav': {wav} is larger than {MAX_PROMPT_BYTES} bytes"
+                    )
+                decode_prompt_wav(wav.read_bytes(), source=f"{path}: field 'prompt_wav' ({wav})")
+            except OSError as exc:
+                raise VoiceError(f"{path}: field 'prompt_wav': cannot read {wav}: {exc}") from exc
+        return VoicePreset(name, wav, prompt_text, instruct, description)
+
+    @staticmethod
+    def _read_text(path: Path) -> str:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_PRESET_BYTES + 1)
+        if len(data) > MAX_PRESET_BYTES:
+            raise VoiceError(f"{path}: larger than {MAX_PRESET_BYTES} bytes; not a voice preset")
+        return data.decode("utf-8")
+
+    def _espeak_prompt(self, name: str, prompt_text: str, source: Path, missing: Path) -> Path:
+        """Speak ``prompt_text`` with espeak-ng into the cache folder: a robotic stand-in recording."""
+        from tts_engine.backends.espeak import AUTO_VOICE, resolve_voice  # only when a fallback is needed
+
+        if not prompt_text:
+            raise VoiceError(
+                f"{source}: prompt_wav {missing} is missing and there is no prompt_text to speak"
+            )
+        executable = shutil.which(self.espeak_executable)
+        if executable is None:
+            raise VoiceError(f"{source}: prompt_wav {missing} is missing and espeak-ng is not installed")
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256(prompt_text.encode("utf-8")).hexdigest()[:16]
+        target = self.cache_dir / f"{name}.espeak.{digest}.wav"
+        if not target.is_file():
+            command = [executable, "--stdout", "-v", resolve_voice(AUTO_VOICE, prompt_text), "-s", "150"]
+            try:
+                done = subprocess.run(
+                    command, input=prompt_text.encode("utf-8"), capture_output=True, timeout=30
+                )
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                raise VoiceError(f"{source}: espeak-ng fallback failed: {exc}") from exc
+            if done.returncode != 0 or not done.stdout:
+                message = done.stderr.decode("utf-8", "replace").strip()
+                raise VoiceError(f"{source}: espeak-ng fallback failed: {message or done.returncode}")
+            _atomic_write(target, done.stdout)
+        log.warning(
+            "voice %r: %s is missing; using a robotic espeak-ng recording of its prompt_text instead "
+            "(run scripts/download_model.py to fetch the real prompt)",
+            name,
+            missing,
+        )
+        return target
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def add(
+        self,
+        name: str,
+        wav_bytes: bytes,
+        prompt_text: str,
+        *,
+        instruct: str | None = None,
+        description: str = "",
+        overwrite: bool = False,
+    ) -> VoicePreset:
+        """Check an uploaded recording and save it as a voice: ``stage()`` then ``commit()``."""
+        staged = self.stage(
+            name, wav_bytes, prompt_text, instruct=instruct, description=description, overwrite=overwrite
+        )
+        try:
+            return self.commit(staged)
+        except BaseException:
+            self.discard(staged)
+            raise
+
+    def stage(
+        self,
+        name: str,
+        wav_bytes: bytes,
+        prompt_text: str,
+        *,
+        instruct: str | None = None,
+        description: str = "",
+        overwrite: bool = False,
+    ) -> StagedVoice:
+        """Check an upload and write its recording as ``<name>.<hash>.wav``; the voice set is unchanged.
+
+        The returned preset can be prepared by an engine before ``commit()`` makes it the voice.
+        """
+        check_voice_name(name)
+        for key, value in (
+            ("prompt_text", prompt_text),
+            ("instruct", instruct),
+            ("description", description),
+        ):
+            if value is not None and not isinstance(value, str):
+                raise VoiceError(f"voice {name!r}: {key} must be a string")
+            if value is not None and len(value) > MAX_TEXT_CHARS:
+                raise VoiceError(f"voice {name!r}: {key} is longer than {MAX_TEXT_CHARS} characters")
+        if name in self._presets and not overwrite:
+            raise VoiceExists(f"voice {name!r} already exists")
+        yaml_path = self.directory / f"{name}.yaml"
+        if yaml_path.exists() and not overwrite:
+            raise VoiceExists(f"voice {name!r} already exists ({yaml_path})")
+        data = bytes(wav_bytes)
+        decode_prompt_wav(data, source=f"voice {name!r}: uploaded wav")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        wav_path = self.directory / f"{name}.{hashlib.sha256(data).hexdigest()[:16]}.wav"
+        wrote = not (wav_path.is_file() and wav_path.read_bytes() == data)
+        if wrote:
+            _atomic_write(wav_path, data)
+        preset = VoicePreset(
+            name, wav_path, prompt_text.strip(), (instruct or "").strip() or None, description.strip()
+        )
+        return StagedVoice(preset, wrote)
+
+    def commit(self, staged: StagedVoice) -> VoicePreset:
+        """Make a staged upload the voice: one atomic replace of ``<name>.yaml``, then the old recording goes."""
+        preset = staged.preset
+        assert preset.prompt_wav is not None
+        fields = {
+            "name": preset.name,
+            "prompt_wav": preset.prompt_wav.name,
+            "prompt_text": preset.prompt_text,
+            "instruct": preset.instruct,
+            "description": preset.description,
+        }
+        yaml_path = self.directory / f"{preset.name}.yaml"
+        _atomic_write(yaml_path, yaml.safe_dump(fields, allow_unicode=True, sort_keys=False).encode("utf-8"))
+        previous = self._presets.get(preset.name)
+        self._presets[preset.name] = preset
+        if previous is not None and previous.prompt_wav != preset.prompt_wav:
+            self._remove_own_wav(previous)
+        return preset
+
+    def discard(self, staged: StagedVoice) -> None:
+        """Drop a staged upload that was not committed (its recording, unless a voice uses that file)."""
+        path = staged.preset.prompt_wav
+        if (
+            staged.wrote_wav
+            and path is not None
+            and all(p.prompt_wav != path for p in self._presets.values())
+        ):
+            path.unlink(missing_ok=True)
+
+    def remove(self, name: str) -> None:
+        """Delete the preset's YAML (the commit point), its own recording and its cached features."""
+        preset = self.get(name)
+        (self.directory / f"{name}.yaml").unlink(missing_ok=True)
+        _sync_dir(self.directory)
+        del self._presets[name]
+        self._remove_own_wav(preset)
+        if self.cache_dir.is_dir():
+            for cached in self.cache_dir.glob(f"{name}.*"):
+                if cached.name.split(".", 1)[0] == name:
+                    cached.unlink(missing_ok=True)
+
+    def _remove_own_wav(self, preset: VoicePreset) -> None:
+        """Delete the recording a former version of a voice used, if the store wrote it and nothing uses it."""
+        wav = preset.prompt_wav
+        if wav is None or wav.parent != self.directory:
+            return
+        own = wav.name == f"{preset.name}.wav" or (
+            (match := _OWN_WAV_RE.fullmatch(wav.name)) is not None and match["name"] == preset.name
+        )
+        if own and all(p.prompt_wav != wav for p in self._presets.values()):
+            try:
+                wav.unlink(missing_ok=True)
+            except OSError as exc:  # the voice change is done; load() removes the file later
+                log.warning("cannot remove the former recording %s: %s", wav, exc)
+
+    # -- cache ---------------------------------------------------------------------------------
+
+    def cache_path(self, name: str, *, key: str = "") -> Path:
+        """Where prepared features of ``name`` live: ``.cache/<name>.<hash>.safetensors`` (see ``preset_cache_path``)."""
+        return preset_cache_path(self.get(name), self.cache_dir, key=key)

@@ -1,0 +1,268 @@
+"""The engine worker's wire protocol: framing, bad input, credit, abort (a worker server in this process)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from gateway.engine_client import EngineClient
+from gateway.engine_client_workers import WorkerSlot
+from tts_engine import TTSEngine, UnknownVoice
+from tts_engine.backends.fake import FakeBackend
+from tts_engine.errors import EngineUnavailable
+from tts_engine.worker import protocol as p
+from tts_engine.worker.server import WorkerServer, parse_address
+
+RATE = 16000
+
+
+def test_frames_split_anywhere_decode_whole() -> None:
+    data = p.pack({"t": "synth", "id": "a", "pcm": b"\x01" * 1000}) + p.pack({"t": "abort", "id": "a"})
+    reader = p.FrameReader()
+    got = []
+    for i in range(0, len(data), 7):
+        got += reader.feed(data[i : i + 7])
+    assert [m["t"] for m in got] == ["synth", "abort"]
+    assert got[0]["pcm"] == b"\x01" * 1000
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\xc1",  # a byte msgpack never uses
+        msgpack.packb([1, 2, 3]),  # not a map
+        msgpack.packb({"t": 5}),  # a type that is not a string
+        msgpack.packb({"no_type": 1}),
+    ],
+)
+def test_malformed_frames_raise_protocol_error(data: bytes) -> None:
+    with pytest.raises(p.ProtocolError):
+        p.FrameReader().feed(data)
+
+
+def test_an_oversized_frame_is_refused_before_it_is_buffered() -> None:
+    reader = p.FrameReader(max_frame_bytes=1024)
+    with pytest.raises(p.ProtocolError, match="larger"):
+        reader.feed(p.pack({"t": "synth", "pcm": b"\0" * 4096}))
+
+
+def test_addresses() -> None:
+    assert parse_address("unix:/tmp/x.sock") == ("unix", "/tmp/x.sock")
+    assert parse_address("tcp://0.0.0.0:9100") == ("tcp", ("0.0.0.0", 9100))
+    for bad in ("http://x:1", "tcp://host", "unix:"):
+        with pytest.raises(ValueError):
+            parse_address(bad)
+
+
+@contextlib.asynccontextmanager
+async def worker(tmp_path: Path, **backend_options: Any) -> AsyncIterator[tuple[WorkerServer, str]]:
+    backend_options.setdefault("chunk_ms", 100)
+    engine = TTSEngine(FakeBackend(RATE, **backend_options), max_buffered_chunks=3)
+    await engine.start()
+    address = f"unix:{tmp_path}/w.sock"
+    server = WorkerServer(engine, device="cpu", listen=address)
+    listener = await server.start()
+    try:
+        yield server, address
+    finally:
+        listener.close()
+        await engine.close()
+
+
+class RawClient:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer, self.frames = reader, writer, p.FrameReader()
+        self.pending: list[dict[str, Any]] = []
+
+    @classmethod
+    async def open(cls, address: str) -> RawClient:
+        reader, writer = await asyncio.open_unix_connection(parse_address(address)[1])
+        return cls(reader, writer)
+
+    def send_raw(self, data: bytes) -> None:
+        self.writer.write(data)
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.writer.write(p.pack(message))
+
+    async def next(self, timeout: float = 5.0) -> dict[str, Any] | None:
+        """The next frame; None at EOF."""
+        async with asyncio.timeout(timeout):
+            while not self.pending:
+                data = await self.reader.read(65536)
+                if not data:
+                    return None
+                self.pending += self.frames.feed(data)
+        return self.pending.pop(0)
+
+
+async def test_hello_then_chunks_then_end(tmp_path: Path) -> None:
+    async with worker(tmp_path) as (_, address):
+        client = await RawClient.open(address)
+        hello = await client.next()
+        assert hello is not None and hello["t"] == "hello" and hello["version"] == p.PROTOCOL_VERSION
+        assert hello["backend"] == "fake" and hello["voices"] == ["default"] and hello["capacity"] >= 1
+        client.send({"t": "synth", "id": "r1", "text": "hello", "rate": RATE})
+        samples = 0
+        while (message := await client.next()) is not None and message["t"] == "chunk":
+            samples += len(message["pcm"]) // 2
+            client.send({"t": "credit", "id": "r1", "n": 1, "samples": len(message["pcm"]) // 2})
+        assert message is not None and message["t"] == "end" and message["id"] == "r1"
+        assert samples > 0
+
+
+async def test_bad_input_gets_typed_errors_and_the_connection_stays_up(tmp_path: Path) -> None:
+    async with worker(tmp_path) as (_, address):
+        client = await RawClient.open(address)
+        await client.next()  # hello
+        client.send({"t": "dance"})
+        error = await client.next()
+        assert error is not None and error["t"] == "error" and "unknown message type" in error["message"]
+        client.send({"t": "synth", "id": "r1", "text": "hi", "rate": "fast"})
+        error = await client.next()
+        assert error is not None and error["kind"] == "bad_argument" and error["id"] == "r1"
+        client.send({"t": "synth", "id": "r2", "text": "hi", "rate": RATE, "voice": "nobody"})
+        error = await client.next()
+        assert error is not None and error["kind"] == "unknown_voice" and error["id"] == "r2"
+        client.send({"t": "synth", "id": "r3", "text": "hi", "rate": RATE})  # still serving
+        assert (await client.next() or {}).get("t") == "chunk"
+
+
+async def test_undecodable_bytes_close_only_that_connection(tmp_path: Path) -> None:
+    async with worker(tmp_path) as (server, address):
+        bad = await RawClient.open(address)
+        await bad.next()
+        bad.send_raw(b"\xc1\xc1\xc1")
+        error = await bad.next()
+        assert error is not None and error["kind"] == "protocol"
+        assert await bad.next() is None  # closed
+        assert server.counts["protocol_errors"] == 1
+        good = await RawClient.open(address)
+        assert (await good.next() or {}).get("t") == "hello"
+
+
+async def test_the_worker_sends_no_more_than_the_credit_bound(tmp_path: Path) -> None:
+    async with worker(tmp_path, ms_per_char=400) as (_, address):  # 16 chunks of 100 ms, made at once
+        client = await RawClient.open(address)
+        await client.next()
+        client.send({"t": "synth", "id": "r1", "text": "abcd", "rate": RATE})
+        chunks = [await client.next() for _ in range(3)]  # max_buffered_chunks = 3
+        assert all(c is not None and c["t"] == "chunk" for c in chunks)
+        with pytest.raises(TimeoutError):
+            await client.next(timeout=0.5)  # nothing more until the reader says it consumed some
+        client.send({"t": "credit", "id": "r1", "n": 1, "samples": 1600})
+        assert (await client.next() or {}).get("t") == "chunk"
+
+
+async def test_abort_reaches_the_engine_within_one_step(tmp_path: Path) -> None:
+    step_s = 0.3
+    async with worker(tmp_path, ms_per_char=1000, compute_delay_s=step_s) as (server, address):
+        client = EngineClient([WorkerSlot(address)])
+        await client.start()
+        try:
+            stream = client.synthesize("abcdefgh", sample_rate=RATE)
+            await anext(stream)
+            aborted_at = time.monotonic()
+            assert client.abort(stream.req_id)
+            while server.engine.stats["requests_aborted"] == 0:
+                await asyncio.sleep(
+                    0.01
+                )  # the test watches the worker's engine; the code under test does not poll
+            assert time.monotonic() - aborted_at < step_s + 0.5  # the step in progress, then it is gone
+            assert server.in_flight() == 0
+        finally:
+            await client.close()
+
+
+async def test_client_errors_match_the_in_process_engine(tmp_path: Path) -> None:
+    async with worker(tmp_path) as (_, address):
+        client = EngineClient([WorkerSlot(address)])
+        await client.start()
+        try:
+            with pytest.raises(UnknownVoice):
+                client.synthesize("hi", voice="nobody")
+            with pytest.raises(ValueError):
+                client.synthesize("hi", sample_rate=12345)
+            chunks = [c async for c in client.synthesize("hi", sample_rate=RATE)]
+            assert sum(c.size for c in chunks) > 0
+            health = client.health()
+            assert health["workers"][0]["state"] == "ready" and health["workers"][0]["address"] == address
+        finally:
+            await client.close()
+
+
+async def test_the_playback_credit_reaches_the_workers_engine_as_a_value(tmp_path: Path) -> None:
+    async with worker(tmp_path, ms_per_char=1000, compute_delay_s=0.2) as (server, address):
+        client = EngineClient([WorkerSlot(address)])
+        await client.start()
+        try:
+            stream = client.synthesize("abcdefgh", sample_rate=RATE, playback_ahead=2.0)
+
+            async def worker_side() -> float:
+                while True:
+                    streams = [s for c in server._connections for s in c.streams.values()]
+                    if streams:
+                        return streams[0].playback_ahead
+                    await asyncio.sleep(0.01)
+
+            assert 1.5 < await asyncio.wait_for(worker_side(), 5) <= 2.0  # decayed since it was set
+            stream.set_playback_ahead(5.0)
+            async with asyncio.timeout(5):
+                while await worker_side() < 4.0:
+                    await asyncio.sleep(0.01)
+            await stream.aclose()
+        finally:
+            await client.close()
+
+
+def test_the_worker_imports_no_web_stack() -> None:
+    """A GPU box runs workers with torch, numpy and msgpack only."""
+    code = (
+        "import sys, tts_engine.__main__, tts_engine.build\n"
+        "bad = sorted({m.split('.')[0] for m in sys.modules} & {'fastapi', 'uvicorn', 'websockets', 'pydantic',"
+        " 'starlette', 'gateway', 'yaml'})\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+
+
+async def test_a_remote_tcp_worker_is_reconnected_after_it_restarts() -> None:
+    """engine.remote: a worker the gateway did not start; when it goes away the slot reconnects."""
+    engine = TTSEngine(FakeBackend(RATE, chunk_ms=100))
+    await engine.start()
+    server = WorkerServer(engine, listen="tcp://127.0.0.1:0")
+    listener = await server.start()
+    port = listener.sockets[0].getsockname()[1]
+    address = f"tcp://127.0.0.1:{port}"
+    slot = WorkerSlot(address)
+    client = EngineClient([slot])
+    await client.start()
+    try:
+        assert sum(c.size for c in [c async for c in client.synthesize("hi", sample_rate=RATE)]) > 0
+        listener.close()
+        await server.close()  # the worker goes away...
+        async with asyncio.timeout(5):
+            while slot.state == "ready":
+                await asyncio.sleep(0.01)
+        with pytest.raises(EngineUnavailable):
+            client.synthesize("hi", sample_rate=RATE)  # at once, no hang
+        server = WorkerServer(engine, listen=address)  # ...and comes back on the same port
+        listener = await server.start()
+        async with asyncio.timeout(10):
+            while slot.state != "ready":
+                await asyncio.sleep(0.01)
+        assert sum(c.size for c in [c async for c in client.synthesize("hi", sample_rate=RATE)]) > 0
+        assert slot.restarts == 1
+    finally:
+        await client.close()
+        listener.close()
+        await engine.close()

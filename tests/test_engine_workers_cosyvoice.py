@@ -1,0 +1,90 @@
+"""The tiny CosyVoice model in 2 engine workers: voices reach every worker, also one that restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.llm.echo import EchoLLM
+from scripts.device_sim import DeviceSimulator
+from scripts.make_tiny_model import make_model_dir
+from tests.gateway_server import RunningGateway, running_gateway
+from tests.test_backend_cosyvoice import prompt_wav
+
+RATE = 24000
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    model_dir = make_model_dir(tmp_path_factory.mktemp("cosyvoice") / "model", "tiny", seed=0)
+    voices = tmp_path_factory.mktemp("voices")
+    (voices / "default.wav").write_bytes(prompt_wav())
+    (voices / "default.yaml").write_text("prompt_wav: default.wav\nprompt_text: 你好。\n", encoding="utf-8")
+    return model_dir, voices
+
+
+async def worker_voices(gw: RunningGateway) -> list[list[str]]:
+    async def ask() -> list[list[str]]:
+        links = [slot.link for slot in gw.services.engine.slots]  # type: ignore[union-attr]
+        return [(await link.call({"t": "health"}))["voices"] for link in links]
+
+    return await gw.call(ask())
+
+
+async def test_two_cosyvoice_workers_share_the_voice_set(dirs: tuple[Path, Path]) -> None:
+    model_dir, voices = dirs
+    overrides = {
+        "tts": {"backend": "cosyvoice", "model_dir": str(model_dir), "voices_dir": str(voices), "device": "cpu",
+                "text_normalization": "off", "cpu_threads": 1},
+        "engine": {"workers": 2, "max_batch_size": 4, "max_llm_len": 256, "worker_start_timeout_s": 120,
+                   "flow_cache": False},
+        "audio": {"output_sample_rate": RATE},
+    }  # fmt: skip
+    llm = EchoLLM(prefix="", chinese_prefix="")
+    async with running_gateway(overrides, llm=llm) as gw, httpx.AsyncClient(timeout=120) as client:
+        health = (await client.get(f"{gw.url}/v1/health")).json()
+        assert [w["state"] for w in health["engine"]["workers"]] == ["ready", "ready"]
+        assert await worker_voices(gw) == [["default"], ["default"]]  # the preset reached both
+
+        async def turn(index: int) -> list[str]:
+            sim = DeviceSimulator(gw.url, device_id=f"aa:bb:cc:00:02:{index:02x}", protocol_version=1)
+            await sim.connect()
+            try:
+                await sim.listen_start("auto")
+                result = await sim.ask("好。", timeout=90)
+                assert result.audio.size > 0
+                return result.sentences
+            finally:
+                await sim.close()
+
+        async with asyncio.timeout(120):
+            assert await asyncio.gather(*(turn(i) for i in range(4))) == [["好。"]] * 4
+
+        files = {"prompt_wav": ("bob.wav", prompt_wav(1.5), "audio/wav")}
+        added = await client.post(
+            f"{gw.url}/v1/voices", data={"name": "bob", "prompt_text": "你好。"}, files=files
+        )
+        assert added.status_code == 201, added.text
+        assert [sorted(v) for v in await worker_voices(gw)] == [["bob", "default"]] * 2  # on both workers
+        files = {"prompt_wav": ("eve.wav", prompt_wav(1.2), "audio/wav")}
+        added = await client.post(
+            f"{gw.url}/v1/voices", data={"name": "eve", "prompt_text": "你好。"}, files=files
+        )
+        assert added.status_code == 201, added.text
+        assert (await client.delete(f"{gw.url}/v1/voices/eve")).status_code == 204
+        assert [sorted(v) for v in await worker_voices(gw)] == [["bob", "default"]] * 2
+
+        victim = gw.services.engine.slots[1]  # type: ignore[union-attr]
+        os.kill(victim.process.pid, signal.SIGKILL)
+        async with asyncio.timeout(120):
+            while victim.restarts == 0 or victim.state != "ready":
+                await asyncio.sleep(0.1)
+        # the new worker got the voice set replayed: the start-up preset and the run-time one, not eve
+        assert [sorted(v) for v in await worker_voices(gw)] == [["bob", "default"]] * 2
+        reply = await client.post(f"{gw.url}/v1/tts", json={"text": "好。", "voice": "bob", "format": "pcm"})
+        assert reply.status_code == 200 and len(reply.content) > 0

@@ -1,0 +1,85 @@
+"""``python -m tts_engine serve``: one engine worker process (docs/engine-workers.md).
+
+    python -m tts_engine serve --backend cosyvoice --device cuda:0 --listen tcp://0.0.0.0:9100 \
+        [--config config.yaml] [--backend-options '{"chunk_ms": 40}']
+
+Prints ``READY <address>`` on stdout once it accepts connections (the gateway that starts workers
+waits for that line), logs to stderr, and stops cleanly on SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+
+from tts_engine.build import build_engine, read_config
+from tts_engine.worker.server import WorkerServer, parse_address
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tts_engine")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run one engine worker")
+    serve.add_argument(
+        "--backend", default=None, help="cosyvoice, fake, gpu-sim, espeak (default: tts.backend)"
+    )
+    serve.add_argument("--device", default=None, help="cuda:0, cpu... (default: tts.device)")
+    serve.add_argument("--listen", required=True, help="unix:PATH or tcp://HOST:PORT")
+    serve.add_argument("--config", default=None, help="the gateway's config file (YAML or JSON)")
+    serve.add_argument("--backend-options", default=None, help="JSON constructor keywords for the backend")
+    serve.add_argument("--log-level", default="info")
+    serve.add_argument(
+        "--exit-on-stdin-eof", action="store_true", help="stop when stdin closes (the parent gateway is gone)"
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s worker %(name)s %(levelname)s %(message)s",
+    )
+    try:
+        parse_address(args.listen)
+        config = read_config(args.config)
+        options = json.loads(args.backend_options) if args.backend_options else None
+    except (OSError, ValueError) as exc:
+        parser.error(str(exc))
+    tts = config.get("tts") or {}
+    backend = args.backend or tts.get("backend", "fake")
+    if backend == "auto":
+        backend = "cosyvoice"
+    device = args.device or tts.get("device", "auto")
+    asyncio.run(_serve(backend, device, args.listen, config, options, args.exit_on_stdin_eof))
+    return 0
+
+
+async def _serve(
+    backend: str, device: str, listen: str, config: dict, options: dict | None, exit_on_stdin_eof: bool
+) -> None:
+    engine = build_engine(backend, device, config, options)
+    await engine.start()
+    server = WorkerServer(engine, device=device, listen=listen)
+    listener = await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if exit_on_stdin_eof:  # started by a gateway: no orphan outlives it, even after a SIGKILL
+        stdin = asyncio.StreamReader()
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
+        watcher = asyncio.create_task(stdin.read())
+        watcher.add_done_callback(lambda _: stop.set())
+    print(f"READY {listen}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        listener.close()
+        await server.close()
+        await engine.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

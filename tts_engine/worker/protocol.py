@@ -1,0 +1,132 @@
+"""The engine worker's wire protocol: msgpack maps over a stream socket (docs/engine-workers.md).
+
+Each frame is one msgpack map with a type key ``"t"``. msgpack objects delimit themselves, so frames
+need no length prefix of our own: ``FrameReader`` feeds received bytes into msgpack's streaming
+``Unpacker`` and yields every complete map. Its buffer is capped at ``MAX_FRAME_BYTES``, so an oversized
+frame raises ``ProtocolError`` instead of growing memory; so does undecodable data or a frame that is
+not a map with a string ``"t"``. After a ``ProtocolError`` from ``feed()`` the byte stream cannot be
+resynchronised: the connection is closed. An unknown type or a bad field is answered with an
+``error`` message and the connection stays up.
+
+Errors travel typed (``kind``) and become the engine's own exceptions on the client side
+(``error_to_exception``), so an API client sees the same 400/503 for a remote engine as for one in
+process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from tts_engine.errors import (
+    EngineClosed,
+    EngineError,
+    EngineOverloaded,
+    SynthesisFailed,
+    UnknownVoice,
+    WorkerLost,
+)
+from tts_engine.voices import VoiceError
+
+PROTOCOL_VERSION = 1
+MAX_FRAME_BYTES = 32 * 1024 * 1024  # a voice upload's prompt wav (api.max_prompt_bytes <= 16 MiB) fits
+READ_SIZE = 64 * 1024
+
+# client -> worker
+SYNTH = "synth"  # id, text, voice, rate, speed, instruct, ahead [, prompt_wav, prompt_text]
+CREDIT = "credit"  # id, n (chunks), samples: consumed by the reader
+AHEAD = "ahead"  # id, s: the listener's playback credit in seconds, as of now
+ABORT = "abort"  # id
+VOICE_ADD = "voice_add"  # call, name, prompt_wav (bytes or nil), prompt_text, instruct, description
+VOICE_REMOVE = "voice_remove"  # call, name
+HEALTH = "health"  # call
+# worker -> client
+HELLO = "hello"  # version + capabilities
+CHUNK = "chunk"  # id, pcm (int16 little-endian bytes)
+END = "end"  # id, in_flight
+ERROR = "error"  # kind, message [, id | call]
+RESULT = "result"  # call, voices, default_voice [, report]
+
+CLIENT_TYPES = frozenset({SYNTH, CREDIT, AHEAD, ABORT, VOICE_ADD, VOICE_REMOVE, HEALTH})
+WORKER_TYPES = frozenset({HELLO, CHUNK, END, ERROR, RESULT})
+
+# error kinds
+UNKNOWN_VOICE = "unknown_voice"
+OVERLOADED = "overloaded"
+BAD_ARGUMENT = "bad_argument"
+SYNTHESIS_FAILED = "synthesis_failed"
+VOICE_ERROR = "voice_error"
+CLOSED = "closed"
+PROTOCOL = "protocol"
+
+
+class ProtocolError(Exception):
+    """A frame that cannot be decoded, is too large, or is not a typed map."""
+
+
+def pack(message: dict[str, Any]) -> bytes:
+    return msgpack.packb(message, use_bin_type=True)
+
+
+class FrameReader:
+    """Received bytes in, complete messages out (msgpack's streaming ``Unpacker``, capped)."""
+
+    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+        self._unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max_frame_bytes, strict_map_key=True)
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        try:
+            self._unpacker.feed(data)
+            messages = list(self._unpacker)
+        except msgpack.BufferFull as exc:
+            raise ProtocolError(f"frame larger than {MAX_FRAME_BYTES} bytes") from exc
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            raise ProtocolError(f"undecodable frame: {exc!r}") from exc
+        for message in messages:
+            if not isinstance(message, dict) or not isinstance(message.get("t"), str):
+                raise ProtocolError(f"a frame must be a map with a string 't', got {type(message).__name__}")
+        return messages
+
+
+def error_message(exc: BaseException, **ids: Any) -> dict[str, Any]:
+    """An ``error`` frame for an exception raised by the engine or by a bad argument."""
+    if isinstance(exc, UnknownVoice):
+        return {"t": ERROR, "kind": UNKNOWN_VOICE, "message": str(exc), "voice": exc.voice,
+                "available": exc.available, **ids}  # fmt: skip
+    if isinstance(exc, EngineOverloaded):
+        kind = OVERLOADED
+    elif isinstance(exc, SynthesisFailed):
+        return {"t": ERROR, "kind": SYNTHESIS_FAILED, "message": repr(exc.cause), **ids}
+    elif isinstance(exc, VoiceError):
+        kind = VOICE_ERROR
+    elif isinstance(exc, EngineClosed):
+        kind = CLOSED
+    elif isinstance(exc, ValueError | TypeError | KeyError):
+        kind = BAD_ARGUMENT
+    elif isinstance(exc, ProtocolError):
+        kind = PROTOCOL
+    else:
+        kind = SYNTHESIS_FAILED
+    return {"t": ERROR, "kind": kind, "message": str(exc), **ids}
+
+
+def error_to_exception(message: dict[str, Any], req_id: str = "") -> BaseException:
+    """The client side of ``error_message``: the engine exception a local engine would have raised."""
+    kind, text = message.get("kind"), str(message.get("message", ""))
+    if kind == UNKNOWN_VOICE:
+        available = message.get("available")
+        return UnknownVoice(
+            str(message.get("voice", "")), list(available) if isinstance(available, list) else []
+        )
+    if kind == OVERLOADED:
+        return EngineOverloaded(text)
+    if kind == SYNTHESIS_FAILED:
+        return SynthesisFailed(req_id, EngineError(text))
+    if kind == VOICE_ERROR:
+        return VoiceError(text)
+    if kind == BAD_ARGUMENT:
+        return ValueError(text)
+    if kind == CLOSED:
+        return WorkerLost(f"engine worker closed: {text}")
+    return EngineError(f"engine worker protocol error: {text}")

@@ -1,0 +1,315 @@
+"""One TTSEngine served over a stream socket (unix or TCP) to any number of gateway connections.
+
+Per connection: a reader task decodes frames (tts_engine/worker/protocol.py) and dispatches them; one
+task per request forwards its chunks as they are ready; one writer task drains a bounded outbound
+queue into the socket (``await writer.drain()``: a slow reader slows its forwarders, never the engine
+thread). Each request's stream runs with deferred credit: a chunk counts as consumed when the client
+says so (``credit``), so the engine's ``max_buffered_chunks`` bound and its slack ranking hold end to
+end. A connection that goes away aborts its requests. Bad input gets an ``error`` frame; only an
+undecodable byte stream closes the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tts_engine.engine import TTSEngine
+from tts_engine.request import SynthesisStream
+from tts_engine.voices import VoicePreset, check_voice_name
+from tts_engine.worker import protocol as p
+
+log = logging.getLogger(__name__)
+
+OUTBOX_FRAMES = 1024  # frames queued for one connection's socket before forwarders wait
+FLUSH_TIMEOUT_S = 2.0  # a closing connection's queued frames get this long to go out
+
+
+class WorkerServer:
+    def __init__(self, engine: TTSEngine, *, device: str = "cpu", listen: str = "") -> None:
+        self.engine = engine
+        self.device = device
+        self.listen = listen
+        self._voice_dir = Path(tempfile.mkdtemp(prefix="tts-worker-voices-"))
+        self._connections: set[_Connection] = set()
+        self.counts = {"connections_total": 0, "protocol_errors": 0, "outbox_full_waits": 0}
+
+    # -- reports ---------------------------------------------------------------------------------
+
+    def capacity(self) -> int:
+        health = self.engine.health()
+        capacity = (health.get("batching") or {}).get("capacity")
+        return int(capacity) if capacity else self.engine.max_pending_requests
+
+    def in_flight(self) -> int:
+        return sum(len(c.streams) for c in self._connections)
+
+    def report(self) -> dict[str, Any]:
+        health = self.engine.health()
+        capacity, in_flight = self.capacity(), self.in_flight()
+        return {
+            "state": health.get("state", "running"),
+            "capacity": capacity,
+            "in_flight": in_flight,
+            "free": max(0, capacity - in_flight),
+            "queue_depth": health.get("queue_depth", 0),
+            "connections": len(self._connections),
+            "pid": os.getpid(),
+            "device": self.device,
+            "steps_total": int((health.get("stats") or {}).get("steps_total", 0)),  # scripts/bench_gateway.py
+            **self.counts,
+        }
+
+    def hello(self) -> dict[str, Any]:
+        engine = self.engine
+        return {
+            "t": p.HELLO,
+            "version": p.PROTOCOL_VERSION,
+            "backend": engine.backend_name,
+            "sample_rate": engine.sample_rate,
+            "voices": engine.voices,
+            "default_voice": engine.default_voice,
+            "supports_cloning": engine.supports_cloning,
+            "text_normalization": engine.text_normalization,
+            "max_buffered_chunks": engine.max_buffered_chunks,
+            "max_pending_requests": engine.max_pending_requests,
+            **self.report(),
+        }
+
+    # -- serving ---------------------------------------------------------------------------------
+
+    async def start(self) -> asyncio.AbstractServer:
+        """Listen on ``self.listen`` (``unix:PATH`` or ``tcp://HOST:PORT``); returns the server."""
+        kind, where = parse_address(self.listen)
+        if kind == "unix":
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(where)
+            return await asyncio.start_unix_server(self._serve, path=where, limit=p.READ_SIZE)
+        host, port = where
+        return await asyncio.start_server(self._serve, host, port, limit=p.READ_SIZE)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection = _Connection(self, reader, writer)
+        self._connections.add(connection)
+        self.counts["connections_total"] += 1
+        try:
+            await connection.run()
+        finally:
+            self._connections.discard(connection)
+            connection.finished.set()
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Drop every connection (their requests abort) and wait for their tasks to finish."""
+        for connection in list(self._connections):
+            connection.writer.transport.abort()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while self._connections:
+                    await next(iter(self._connections)).finished.wait()
+
+    def voice_path(self, name: str) -> Path:
+        return self._voice_dir / f"{check_voice_name(name)}.wav"
+
+
+class _Connection:
+    def __init__(
+        self, server: WorkerServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.server = server
+        self.engine = server.engine
+        self.reader = reader
+        self.writer = writer
+        self.outbox: asyncio.Queue[bytes | None] = asyncio.Queue(OUTBOX_FRAMES)
+        self.streams: dict[str, SynthesisStream] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.finished = asyncio.Event()
+
+    async def run(self) -> None:
+        writer_task = asyncio.create_task(self._write_out())
+        try:
+            await self.send(self.server.hello())
+            await self._read_in()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            for stream in list(self.streams.values()):
+                await stream.aclose()  # the client went away: its requests stop in the engine
+            for task in list(self.tasks):
+                task.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+            with contextlib.suppress(TimeoutError):  # what is queued (a last error frame) goes out first
+                async with asyncio.timeout(FLUSH_TIMEOUT_S):
+                    await self.outbox.put(None)
+                    await asyncio.gather(writer_task, return_exceptions=True)
+            writer_task.cancel()
+            await asyncio.gather(writer_task, return_exceptions=True)
+            self.writer.close()
+            with contextlib.suppress(Exception):
+                await self.writer.wait_closed()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if self.outbox.full():
+            self.server.counts["outbox_full_waits"] += 1
+        await self.outbox.put(p.pack(message))
+
+    async def _write_out(self) -> None:
+        while (frame := await self.outbox.get()) is not None:
+            self.writer.write(frame)
+            await self.writer.drain()
+
+    async def _read_in(self) -> None:
+        frames = p.FrameReader()
+        while data := await self.reader.read(p.READ_SIZE):
+            try:
+                messages = frames.feed(data)
+            except p.ProtocolError as exc:
+                self.server.counts["protocol_errors"] += 1
+                log.warning("closing an engine connection: %s", exc)
+                await self.send(p.error_message(exc))
+                return
+            for message in messages:
+                try:
+                    await self._dispatch(message)
+                except Exception as exc:  # noqa: BLE001 - a bad frame never takes the worker down
+                    self.server.counts["protocol_errors"] += 1
+                    ids = {k: message[k] for k in ("id", "call") if isinstance(message.get(k), str | int)}
+                    await self.send(p.error_message(exc, **ids))
+
+    async def _dispatch(self, message: dict[str, Any]) -> None:
+        kind = message["t"]
+        if kind == p.CREDIT:
+            stream = self.streams.get(_str(message, "id"))
+            if stream is not None:
+                stream.credit_consumed(_int(message, "n"), _int(message, "samples"))
+        elif kind == p.AHEAD:
+            stream = self.streams.get(_str(message, "id"))
+            if stream is not None:
+                stream.set_playback_ahead(message.get("s", 0.0))
+        elif kind == p.SYNTH:
+            self._start_request(message)
+        elif kind == p.ABORT:
+            stream = self.streams.pop(_str(message, "id"), None)
+            if stream is not None:
+                await stream.aclose()
+        elif kind in (p.VOICE_ADD, p.VOICE_REMOVE, p.HEALTH):
+            call = message.get("call")
+            if not isinstance(call, int):
+                raise ValueError("a call needs an integer 'call' id")
+            self._spawn(self._answer_call(message, call))
+        else:
+            raise ValueError(f"unknown message type {kind!r}")
+
+    def _start_request(self, message: dict[str, Any]) -> None:
+        req_id = _str(message, "id")
+        if req_id in self.streams:
+            raise ValueError(f"request id {req_id!r} is already in use")
+        options: dict[str, Any] = {
+            "sample_rate": _int(message, "rate"),
+            "speed": float(message.get("speed", 1.0)),
+            "instruct": message.get("instruct"),
+            "req_id": f"{id(self):x}-{req_id}",
+        }
+        text = _str(message, "text", empty=True)
+        prompt_wav = message.get("prompt_wav")
+        if prompt_wav is not None:
+            if not isinstance(prompt_wav, bytes):
+                raise ValueError("prompt_wav must be bytes")
+            stream = self.engine.synthesize_zero_shot(
+                text, prompt_wav=prompt_wav, prompt_text=_str(message, "prompt_text", empty=True), **options
+            )
+        else:
+            voice = message.get("voice")
+            if voice is not None and not isinstance(voice, str):
+                raise ValueError("voice must be a string")
+            stream = self.engine.synthesize(
+                text, voice=voice, playback_ahead=message.get("ahead", 0.0), **options
+            )
+        stream.defer_credit()
+        self.streams[req_id] = stream
+        self._spawn(self._forward(req_id, stream))
+
+    async def _forward(self, req_id: str, stream: SynthesisStream) -> None:
+        try:
+            async for chunk in stream:
+                await self.send(
+                    {"t": p.CHUNK, "id": req_id, "pcm": chunk.astype("<i2", copy=False).tobytes()}
+                )
+        except Exception as exc:  # noqa: BLE001 - the request's own failure goes to its client
+            await self.send(p.error_message(exc, id=req_id, in_flight=self.server.in_flight()))
+        else:
+            if not stream.is_aborted:
+                await self.send({"t": p.END, "id": req_id, "in_flight": self.server.in_flight() - 1})
+        finally:
+            if self.streams.get(req_id) is stream:
+                del self.streams[req_id]
+
+    async def _answer_call(self, message: dict[str, Any], call: int) -> None:
+        try:
+            kind = message["t"]
+            if kind == p.VOICE_ADD:
+                await self._add_voice(message)
+            elif kind == p.VOICE_REMOVE:
+                await self.engine.remove_voice(_str(message, "name"))
+            reply = {"t": p.RESULT, "call": call, "voices": self.engine.voices,
+                     "default_voice": self.engine.default_voice, "report": self.server.report()}  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - answered as an error frame
+            reply = p.error_message(exc, call=call)
+        await self.send(reply)
+
+    async def _add_voice(self, message: dict[str, Any]) -> None:
+        name = _str(message, "name")
+        wav = message.get("prompt_wav")
+        path = None
+        if wav is not None:
+            if not isinstance(wav, bytes):
+                raise ValueError("prompt_wav must be bytes")
+            path = self.server.voice_path(name)
+            await asyncio.to_thread(path.write_bytes, wav)
+        instruct = message.get("instruct")
+        preset = VoicePreset(
+            name=name,
+            prompt_wav=path,
+            prompt_text=_str(message, "prompt_text", empty=True),
+            instruct=instruct if isinstance(instruct, str) else None,
+            description=str(message.get("description", "")),
+        )
+        await self.engine.add_voice(preset)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+
+def _str(message: dict[str, Any], key: str, *, empty: bool = False) -> str:
+    value = message.get(key)
+    if not isinstance(value, str) or (not empty and not value):
+        raise ValueError(f"field {key!r} must be a {'' if empty else 'non-empty '}string")
+    return value
+
+
+def _int(message: dict[str, Any], key: str) -> int:
+    value = message.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"field {key!r} must be a non-negative integer")
+    return value
+
+
+def parse_address(address: str) -> tuple[str, Any]:
+    """``unix:PATH`` -> ("unix", PATH); ``tcp://HOST:PORT`` -> ("tcp", (HOST, PORT))."""
+    if address.startswith("unix:"):
+        path = address[len("unix:") :]
+        if not path:
+            raise ValueError("unix: address needs a path")
+        return "unix", path
+    if address.startswith("tcp://"):
+        host, sep, port = address[len("tcp://") :].rpartition(":")
+        if not sep or not port.isdigit():
+            raise ValueError(f"tcp address must be tcp://HOST:PORT, got {address!r}")
+        return "tcp", (host.strip("[]") or "127.0.0.1", int(port))
+    raise ValueError(f"address must be unix:PATH or tcp://HOST:PORT, got {address!r}")
