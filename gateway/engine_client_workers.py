@@ -170,6 +170,9 @@ class WorkerSlot:
             stdin=asyncio.subprocess.PIPE,  # never written: its EOF (this process gone) stops the worker
             stdout=asyncio.subprocess.PIPE,
             env={**os.environ, **self.command.env},
+            # its own process group: a terminal's Ctrl-C reaches the gateway only, which then closes
+            # its workers in order (in-flight requests end, no "worker lost" at every shutdown)
+            start_new_session=True,
         )
         assert self.process.stdout is not None
         try:
