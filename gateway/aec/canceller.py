@@ -56,7 +56,7 @@ CONVERGE_S = 1.0  # reference playing this long before ERLE counts
 REALIGN_MS = 15.0  # a delay estimate this far from the linear stage's alignment rebuilds it
 WARM_UP_S = 2.0  # uplink kept to run a new linear stage over before it takes over
 WARM_UP_PASSES = 3  # ... this many times over (stages.LinearStage.warm_up)
-EARLY_REBUILDS = 3  # an unconverged linear stage is rebuilt at each new estimate, this many times
+EARLY_REBUILDS = 4  # an unconverged linear stage is rebuilt at each new estimate, this many times
 AGREE_MS = 5.0  # a converged stage moves only for two estimates this close to each other
 
 
