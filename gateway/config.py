@@ -314,6 +314,8 @@ class EngineConfig(_Section):
     workers: Literal["auto"] | Annotated[int, Field(ge=0, le=64)] = "auto"
     workers_per_device: int = Field(1, ge=1, le=16)
     remote: list[str] = Field(default_factory=list)  # tcp://host:port workers started elsewhere
+    # the token those workers were started with (--token-file / XZ_ENGINE_TOKEN); "": they check none
+    remote_token: str = Field("", max_length=4096, repr=False)
     worker_start_timeout_s: float = Field(300, gt=0)  # process start to READY (model load)
     worker_connect_timeout_s: float = Field(10, gt=0)  # socket connect + hello
     worker_max_restarts: int = Field(10, ge=0, le=1000)  # in a row, with backoff, before giving up

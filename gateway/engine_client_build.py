@@ -41,7 +41,7 @@ def build_engine_client(config: Config, backend: str) -> EngineClient:
     if engine.remote:
         for address in engine.remote:
             parse_address(address)  # a bad entry stops the start with its name (ValueError)
-        slots = [WorkerSlot(address, **options) for address in engine.remote]
+        slots = [WorkerSlot(address, token=engine.remote_token, **options) for address in engine.remote]
         return EngineClient(slots, max_pending_requests=config.tts.max_pending_requests)
     run_dir = Path(tempfile.mkdtemp(prefix="xz-engine-"))
     os.chmod(run_dir, 0o700)

@@ -69,8 +69,10 @@ class RemoteStream(SynthesisStream):
 class WorkerLink:
     """A connected engine worker: its capabilities (from ``hello``), requests and calls in flight."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, *, token: str = "") -> None:
+        """``token``: sent first (``auth``) to a worker started with one (engine.remote_token)."""
         self.address = address
+        self._token = token
         self.hello: dict[str, Any] = {}
         self.report: dict[str, Any] = {}
         self.streams: dict[str, RemoteStream] = {}
@@ -93,6 +95,9 @@ class WorkerLink:
                     reader, writer = await asyncio.open_unix_connection(where, limit=p.READ_SIZE)
                 else:
                     reader, writer = await asyncio.open_connection(*where, limit=p.READ_SIZE)
+                if self._token:
+                    writer.write(p.pack({"t": p.AUTH, "token": self._token}))
+                    await writer.drain()
                 frames = p.FrameReader()
                 pending: list[dict[str, Any]] = []
                 while not pending:
@@ -103,6 +108,10 @@ class WorkerLink:
         except (OSError, TimeoutError, p.ProtocolError) as exc:
             raise WorkerLost(f"cannot connect to engine worker {self.address}: {exc!r}") from exc
         hello = pending.pop(0)
+        if hello.get("t") == p.ERROR:
+            writer.close()
+            kind, text = hello.get("kind"), str(hello.get("message", ""))[:200]
+            raise WorkerLost(f"engine worker {self.address} refused the connection ({kind}): {text}")
         if hello.get("t") != p.HELLO or hello.get("version") != p.PROTOCOL_VERSION:
             writer.close()
             raise WorkerLost(f"engine worker {self.address} speaks another protocol: {hello!r:.200}")

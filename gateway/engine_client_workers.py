@@ -59,8 +59,10 @@ class WorkerSlot:
         start_timeout_s: float = 300.0,
         max_restarts: int = 10,
         on_ready: Callable[[WorkerLink], Awaitable[None]] | None = None,
+        token: str = "",
     ) -> None:
         self.address = address
+        self.token = token  # sent first to a worker that checks one (engine.remote_token)
         self.command = command
         self.connect_timeout_s = connect_timeout_s
         self.start_timeout_s = start_timeout_s
@@ -150,7 +152,7 @@ class WorkerSlot:
         self.state = "starting"
         if self.command is not None:
             await self._spawn()
-        link = WorkerLink(self.address)
+        link = WorkerLink(self.address, token=self.token)
         await link.connect(self.connect_timeout_s)
         try:
             if self._on_ready is not None:

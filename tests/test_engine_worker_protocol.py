@@ -266,3 +266,53 @@ async def test_a_remote_tcp_worker_is_reconnected_after_it_restarts() -> None:
         await client.close()
         listener.close()
         await engine.close()
+
+
+async def test_a_worker_with_a_token_serves_only_connections_that_send_it(monkeypatch) -> None:
+    """engine.remote_token: the auth frame comes first; no hello (voices, capacity) before it."""
+    from gateway.engine_client_link import WorkerLink
+    from tts_engine.errors import WorkerLost
+    from tts_engine.worker import server as worker_server
+
+    monkeypatch.setattr(worker_server, "AUTH_TIMEOUT_S", 0.5)
+    engine = TTSEngine(FakeBackend(RATE, chunk_ms=100))
+    await engine.start()
+    server = WorkerServer(engine, listen="tcp://127.0.0.1:0", token="s3cret-token")
+    listener = await server.start()
+    address = f"tcp://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+    host, port = parse_address(address)[1]
+    try:
+        # the right token: served as usual
+        client = EngineClient([WorkerSlot(address, token="s3cret-token")])
+        await client.start()
+        try:
+            assert sum(c.size for c in [c async for c in client.synthesize("hi", sample_rate=RATE)]) > 0
+        finally:
+            await client.close()
+        # a wrong token, no token, or a request first: an unauthorized error, then the socket closes
+        with pytest.raises(WorkerLost, match="wrong token"):
+            await WorkerLink(address, token="guess").connect(5.0)
+        with pytest.raises(WorkerLost, match="no auth frame"):
+            await WorkerLink(address).connect(5.0)
+        reader, writer = await asyncio.open_connection(host, port)
+        raw = RawClient(reader, writer)
+        raw.send({"t": "synth", "id": "r1", "text": "hello", "rate": RATE})
+        refused = await raw.next()
+        assert refused is not None and refused["t"] == "error" and refused["kind"] == "unauthorized"
+        assert await raw.next() is None  # closed: no hello, no chunks
+        writer.close()
+        assert server.counts["auth_failures"] == 3
+    finally:
+        listener.close()
+        await server.close()
+        await engine.close()
+
+
+async def test_a_worker_without_a_token_accepts_a_client_that_sends_one(tmp_path: Path) -> None:
+    async with worker(tmp_path) as (_, address):
+        client = EngineClient([WorkerSlot(address, token="unused")])
+        await client.start()
+        try:
+            assert sum(c.size for c in [c async for c in client.synthesize("hi", sample_rate=RATE)]) > 0
+        finally:
+            await client.close()

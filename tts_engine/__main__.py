@@ -1,7 +1,7 @@
 """``python -m tts_engine serve``: one engine worker process (docs/engine-workers.md).
 
     python -m tts_engine serve --backend cosyvoice --device cuda:0 --listen tcp://0.0.0.0:9100 \
-        [--config config.yaml] [--backend-options '{"chunk_ms": 40}']
+        [--config config.yaml] [--backend-options '{"chunk_ms": 40}'] [--token-file FILE]
 
 Prints ``READY <address>`` on stdout once it accepts connections (the gateway that starts workers
 waits for that line), logs to stderr, and stops cleanly on SIGTERM or SIGINT.
@@ -13,8 +13,10 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
+from pathlib import Path
 
 from tts_engine.build import build_engine, read_config
 from tts_engine.worker.server import WorkerServer, parse_address
@@ -31,6 +33,11 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--listen", required=True, help="unix:PATH or tcp://HOST:PORT")
     serve.add_argument("--config", default=None, help="the gateway's config file (YAML or JSON)")
     serve.add_argument("--backend-options", default=None, help="JSON constructor keywords for the backend")
+    serve.add_argument(
+        "--token-file",
+        default=None,
+        help="a file holding the token gateways must send first (default: $XZ_ENGINE_TOKEN; none: no check)",
+    )
     serve.add_argument("--log-level", default="info")
     serve.add_argument(
         "--exit-on-stdin-eof", action="store_true", help="stop when stdin closes (the parent gateway is gone)"
@@ -45,23 +52,42 @@ def main(argv: list[str] | None = None) -> int:
         parse_address(args.listen)
         config = read_config(args.config)
         options = json.loads(args.backend_options) if args.backend_options else None
+        token = read_token(args.token_file)
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
+    if not token and not args.listen.startswith("unix:"):
+        logging.getLogger(__name__).warning(
+            "no token (--token-file / XZ_ENGINE_TOKEN): anyone who reaches %s can use this engine", args.listen
+        )
     tts = config.get("tts") or {}
     backend = args.backend or tts.get("backend", "fake")
     if backend == "auto":
         backend = "cosyvoice"
     device = args.device or tts.get("device", "auto")
-    asyncio.run(_serve(backend, device, args.listen, config, options, args.exit_on_stdin_eof))
+    asyncio.run(_serve(backend, device, args.listen, config, options, args.exit_on_stdin_eof, token))
     return 0
 
 
+def read_token(path: str | None) -> str:
+    """The worker's token: the first line of ``path``, else ``$XZ_ENGINE_TOKEN``, else none ("")."""
+    token = Path(path).read_text(encoding="utf-8").strip() if path else os.environ.get("XZ_ENGINE_TOKEN", "")
+    if path and not token:
+        raise ValueError(f"{path} holds no token")
+    return token
+
+
 async def _serve(
-    backend: str, device: str, listen: str, config: dict, options: dict | None, exit_on_stdin_eof: bool
+    backend: str,
+    device: str,
+    listen: str,
+    config: dict,
+    options: dict | None,
+    exit_on_stdin_eof: bool,
+    token: str = "",
 ) -> None:
     engine = build_engine(backend, device, config, options)
     await engine.start()
-    server = WorkerServer(engine, device=device, listen=listen)
+    server = WorkerServer(engine, device=device, listen=listen, token=token)
     listener = await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

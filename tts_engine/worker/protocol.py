@@ -8,6 +8,11 @@ not a map with a string ``"t"``. After a ``ProtocolError`` from ``feed()`` the b
 resynchronised: the connection is closed. An unknown type or a bad field is answered with an
 ``error`` message and the connection stays up.
 
+A worker started with a token (``--token-file`` or ``XZ_ENGINE_TOKEN``; for workers reached over TCP)
+expects an ``auth`` frame with that token first and answers anything else, or nothing within
+``AUTH_TIMEOUT_S``, with an ``unauthorized`` error before it closes; the hello (capabilities, voices)
+comes only after it. Workers the gateway starts itself listen on unix sockets in a private directory.
+
 Errors travel typed (``kind``) and become the engine's own exceptions on the client side
 (``error_to_exception``), so an API client sees the same 400/503 for a remote engine as for one in
 process.
@@ -34,6 +39,7 @@ MAX_FRAME_BYTES = 32 * 1024 * 1024  # a voice upload's prompt wav (api.max_promp
 READ_SIZE = 64 * 1024
 
 # client -> worker
+AUTH = "auth"  # token: the first frame, before the worker's hello, when the worker has a token
 SYNTH = "synth"  # id, text, voice, rate, speed, instruct, ahead [, prompt_wav, prompt_text]
 CREDIT = "credit"  # id, n (chunks), samples: consumed by the reader
 AHEAD = "ahead"  # id, s: the listener's playback credit in seconds, as of now
@@ -59,6 +65,8 @@ SYNTHESIS_FAILED = "synthesis_failed"
 VOICE_ERROR = "voice_error"
 CLOSED = "closed"
 PROTOCOL = "protocol"
+UNAUTHORIZED = "unauthorized"
+MAX_AUTH_FRAME_BYTES = 4096
 
 
 class ProtocolError(Exception):
@@ -129,4 +137,6 @@ def error_to_exception(message: dict[str, Any], req_id: str = "") -> BaseExcepti
         return ValueError(text)
     if kind == CLOSED:
         return WorkerLost(f"engine worker closed: {text}")
+    if kind == UNAUTHORIZED:
+        return WorkerLost(f"engine worker refused the connection: {text}")
     return EngineError(f"engine worker protocol error: {text}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import os
 import tempfile
@@ -28,16 +29,19 @@ log = logging.getLogger(__name__)
 
 OUTBOX_FRAMES = 1024  # frames queued for one connection's socket before forwarders wait
 FLUSH_TIMEOUT_S = 2.0  # a closing connection's queued frames get this long to go out
+AUTH_TIMEOUT_S = 5.0  # a worker with a token waits this long for a connection's auth frame
 
 
 class WorkerServer:
-    def __init__(self, engine: TTSEngine, *, device: str = "cpu", listen: str = "") -> None:
+    def __init__(self, engine: TTSEngine, *, device: str = "cpu", listen: str = "", token: str = "") -> None:
+        """``token``: when set, a connection must send it in an ``auth`` frame before anything else."""
         self.engine = engine
         self.device = device
         self.listen = listen
+        self.token = token
         self._voice_dir = Path(tempfile.mkdtemp(prefix="tts-worker-voices-"))
         self._connections: set[_Connection] = set()
-        self.counts = {"connections_total": 0, "protocol_errors": 0, "outbox_full_waits": 0}
+        self.counts = {"connections_total": 0, "protocol_errors": 0, "outbox_full_waits": 0, "auth_failures": 0}
 
     # -- reports ---------------------------------------------------------------------------------
 
@@ -132,6 +136,8 @@ class _Connection:
     async def run(self) -> None:
         writer_task = asyncio.create_task(self._write_out())
         try:
+            if self.server.token and not await self._authenticate():
+                return
             await self.send(self.server.hello())
             await self._read_in()
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -161,6 +167,34 @@ class _Connection:
         while (frame := await self.outbox.get()) is not None:
             self.writer.write(frame)
             await self.writer.drain()
+
+    async def _authenticate(self) -> bool:
+        """The connection's first frame must be ``auth`` with the worker's token (constant-time compare)."""
+        frames = p.FrameReader(max_frame_bytes=p.MAX_AUTH_FRAME_BYTES)
+        messages: list[dict[str, Any]] = []
+        reason = "no auth frame"
+        try:
+            async with asyncio.timeout(AUTH_TIMEOUT_S):
+                while not messages:
+                    data = await self.reader.read(p.MAX_AUTH_FRAME_BYTES)
+                    if not data:
+                        return False
+                    messages = frames.feed(data)
+        except TimeoutError:
+            reason = f"no auth frame within {AUTH_TIMEOUT_S:.0f} s"
+        except p.ProtocolError as exc:
+            reason = f"bad auth frame: {exc}"
+        if messages:
+            first, token = messages[0], messages[0].get("token")
+            if first.get("t") == p.AUTH and isinstance(token, str):
+                if hmac.compare_digest(token.encode(), self.server.token.encode()):
+                    return True
+                reason = "wrong token"
+        self.server.counts["auth_failures"] += 1
+        peer = self.writer.get_extra_info("peername")
+        log.warning("refused an engine connection from %s: %s", peer or "a unix socket", reason)
+        await self.send({"t": p.ERROR, "kind": p.UNAUTHORIZED, "message": reason})
+        return False
 
     async def _read_in(self) -> None:
         frames = p.FrameReader()
@@ -192,6 +226,8 @@ class _Connection:
                 stream.set_playback_ahead(message.get("s", 0.0))
         elif kind == p.SYNTH:
             self._start_request(message)
+        elif kind == p.AUTH:
+            pass  # a token sent to a worker that checks none (or a repeat after it was checked)
         elif kind == p.ABORT:
             stream = self.streams.pop(_str(message, "id"), None)
             if stream is not None:
