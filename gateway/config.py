@@ -308,6 +308,7 @@ class EngineConfig(_Section):
     # Flow chunk caches (per-voice prompt prefix, per-stream chunks): exact, only new frames computed.
     flow_cache: bool = True
     flow_cache_mib: float | None = Field(None, ge=0)  # None: what the memory plan leaves over
+    flow_cache_warm: bool = True  # a voice's prompt chunks are computed when it is added, not at first use
     final_pass: Literal["exact", "streaming"] = "exact"  # streaming: the closing flow call keeps the chunk mask
     # Engine worker processes (docs/engine-workers.md). 0: the engine runs in the gateway process;
     # auto: one per visible CUDA GPU (one on CPU), times workers_per_device (several under CUDA MPS).

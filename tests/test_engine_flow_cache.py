@@ -118,3 +118,58 @@ def test_flow_cache_memory_shows_in_health_and_metrics(model: CosyVoice3, tmp_pa
     exposition = generate_latest(metrics.registry).decode()
     assert "xz_engine_flow_cache_bytes" in exposition
     assert "xz_engine_flow_cache_voice_hits" in exposition
+
+
+def test_a_voice_prefix_is_cached_when_the_voice_is_added(model: CosyVoice3, tmp_path: Path) -> None:
+    for sub in ("warm", "cold", "off"):
+        (tmp_path / sub).mkdir()
+    warm = make_backend(model, tmp_path / "warm")
+    cold = make_backend(model, tmp_path / "cold", flow_cache_warm=False)
+    plain = make_backend(model, tmp_path / "off", flow_cache=False)
+    assert warm.flow_cache is not None and cold.flow_cache is not None
+    try:
+        for backend, sub in ((warm, "warm"), (cold, "cold"), (plain, "off")):
+            add_synthetic_voice(backend, tmp_path / sub, "v", 3.0, seed=5)
+        prompt = warm._voices["v"].flow_prompt
+        assert warm.flow_cache.has_voice(prompt)  # before any request
+        stats = warm.flow_cache.stats()
+        assert stats["flow_cache_voices"] == 1 and stats["flow_cache_voice_bytes"] > 0
+        assert stats["flow_cache_stream_bytes"] == 0  # the filling call's own chunks were given back
+        assert not cold.flow_cache.has_voice(cold._voices["v"].flow_prompt)
+
+        first = speak(warm, "v")
+        assert warm.flow_cache.counts["voice_hits"] == 1  # the first request started from the prefix
+        np.testing.assert_allclose(first, speak(plain, "v"), atol=AUDIO_ATOL, rtol=0)
+
+        warm.remove_voice("v")
+        assert warm.flow_cache.used_bytes == 0
+    finally:
+        for backend in (warm, cold, plain):
+            backend.close()
+
+
+def test_a_warmed_prefix_gives_the_uncached_mel(model: CosyVoice3, tmp_path: Path) -> None:
+    from cosyvoice.flow.chunk_cache import FlowCacheManager
+    from tts_engine.backends.cosyvoice.flow_warm import warm_voice_prefix
+
+    backend = make_backend(model, tmp_path, flow_cache=False)
+    add_synthetic_voice(backend, tmp_path, "v", 3.0, seed=6)
+    prompt = backend._voices["v"].flow_prompt
+    t2w = model.token2wav
+    manager = FlowCacheManager(256 << 20)
+    assert warm_voice_prefix(t2w, prompt, manager)
+    assert manager.stream_bytes == 0 and manager.voice_bytes > 0
+    tokens = torch.randint(0, 6561, (1, 40), generator=torch.Generator().manual_seed(7), dtype=torch.int32)
+    args = (
+        tokens, [40], prompt.prompt_token.to(torch.int32)[None], [int(prompt.prompt_token.shape[0])],
+        prompt.prompt_feat.float()[None], [int(prompt.prompt_feat.shape[0])], prompt.embedding.float()[None],
+    )  # fmt: skip
+    reference = t2w.flow.inference(*args, streaming=[True], finalize=[False])
+    cache = manager.stream_cache(prompt)
+    try:
+        mel = t2w.flow.inference(*args, streaming=[True], finalize=[False], caches=[cache], skip_frames=[0])
+        assert manager.counts["voice_hits"] == 1  # it started from the warmed prefix
+    finally:
+        cache.release()
+    torch.testing.assert_close(mel, reference, atol=1e-5, rtol=0)
+    backend.close()

@@ -94,6 +94,7 @@ def build_backend(
         torch_compile=bool(engine.get("torch_compile", False)),
         flow_cache=bool(engine.get("flow_cache", True)),
         flow_cache_mib=engine.get("flow_cache_mib"),
+        flow_cache_warm=bool(engine.get("flow_cache_warm", True)),
         final_pass=engine.get("final_pass", "exact"),
         **({"max_prefill_rows": engine["max_prefill_rows"]} if engine.get("max_prefill_rows") else {}),
         **(options or {}),

@@ -140,7 +140,7 @@ def _estimate(
     mask: Tensor,
     step: int,
     past: Sequence[Sequence[ChunkSegment]],
-    scratch: tuple[Tensor, Tensor],
+    scratch: tuple[Tensor, Tensor] | None,
     captures: _Captures,
 ) -> Tensor:
     """Velocity of the new frames: x, mu, cond [R, Tn, 80], spk [R, 80], mod [1, M] -> [R, Tn, 80]."""
@@ -154,7 +154,6 @@ def _estimate(
     conv_mid = torch.cat((tail_mid, mid), dim=1)  # [R, W + Tn, D]
     captures.tails(step, conv_in, conv_mid)
     h = F.mish(dit.conv_pos.conv2(conv_mid.transpose(1, 2))).transpose(1, 2) + h
-    key_buf, value_buf = scratch
     for layer, block in enumerate(dit.blocks):
         shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = (
             mod[:, layer * 6 * dim : (layer + 1) * 6 * dim].unflatten(-1, (6, dim)).unsqueeze(1).unbind(2)
@@ -164,10 +163,13 @@ def _estimate(
         qkv = attn.qkv(a)  # [R, Tn, 3 * inner]
         apply_head0_rope_(qkv, inner, *rope)
         q, k, v = qkv.view(rows, new, 3, attn.heads, attn.dim_head).permute(2, 0, 3, 1, 4).unbind(0)
-        key_buf[:, :, :new].copy_(k)
-        value_buf[:, :, :new].copy_(v)
-        _fill_past(key_buf, "k", step, layer, past, new)
-        _fill_past(value_buf, "v", step, layer, past, new)
+        key_buf, value_buf = k, v  # no row has cached frames: the new keys are all the keys
+        if scratch is not None:
+            key_buf, value_buf = scratch
+            key_buf[:, :, :new].copy_(k)
+            value_buf[:, :, :new].copy_(v)
+            _fill_past(key_buf, "k", step, layer, past, new)
+            _fill_past(value_buf, "v", step, layer, past, new)
         captures.keys(step, layer, k, v)
         o = F.scaled_dot_product_attention(q, key_buf, value_buf, attn_mask=mask)  # [R, H, Tn, Dh]
         h = h + gate_a * attn.out(o.transpose(1, 2).reshape(rows, new, inner))
@@ -221,7 +223,8 @@ def solve_cached(
         spk_in = torch.cat((spk_in, torch.zeros_like(spk_in)))  # [2B, 80]
     cfg = dit.cfg
     buf_shape = (copies * batch, cfg.heads, new + max(starts), cfg.dim_head)
-    scratch = (mu_in.new_zeros(buf_shape), mu_in.new_zeros(buf_shape))
+    # Keys laid out [new | cached], refilled per (step, block); not needed when nothing is cached (a fill).
+    scratch = (mu_in.new_zeros(buf_shape), mu_in.new_zeros(buf_shape)) if max(starts) else None
     captures = _Captures(dit, starts, keep, n_timesteps, copies, mu_in)
 
     noise = cfm.noise_frames(max(starts) + new, device)  # [P + Tn, 80]

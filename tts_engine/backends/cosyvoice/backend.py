@@ -38,9 +38,9 @@ step's activations, far below a flow hop's) fits the per-row reserve. Elsewhere 
 a warning. Not yet measured on a GPU, hence off by default.
 
 Flow cache (``flow_cache=True``, the default): complete flow chunks are computed once and reused
-(cosyvoice/flow/chunk_cache.py): each voice's prompt chunks that depend on the voice alone (taken from
-its first stream, shared by every later one, dropped when the voice is removed or overwritten) and each
-stream's own chunks across its hops. Exact up to floating point rounding. Its bytes come from the
+(cosyvoice/flow/chunk_cache.py): each voice's prompt chunks that depend on the voice alone (computed
+when the voice is added, ``flow_cache_warm=True``, else taken from its first stream; shared by every
+later one, dropped when the voice is removed or overwritten) and each stream's own chunks across its hops. Exact up to floating point rounding. Its bytes come from the
 memory plan (``flow_cache_mib``, else what the plan leaves; ``DEFAULT_FLOW_CACHE_MIB`` without a
 budget); least recently used voice prefixes are evicted first, and a stream that finds no room
 recomputes. ``final_pass="streaming"`` keeps the chunk mask for a request's closing flow call too, so
@@ -69,6 +69,7 @@ import numpy as np
 import torch
 
 from cosyvoice.flow.chunk_cache import FlowCacheManager
+from cosyvoice.flow.errors import FlowError
 from cosyvoice.frontend.speaker import SpeakerError, SpeakerRecord
 from cosyvoice.graph_decode import GraphDecodeRunner
 from cosyvoice.llm import LLMInputError, LLMRequest, LLMRunner
@@ -76,6 +77,7 @@ from cosyvoice.model import CosyVoice3, ModelFilesError
 from cosyvoice.text import TextError, prepare_tts_texts
 from cosyvoice.token2wav import SpeakerPrompt
 from tts_engine.backends.base import Backend
+from tts_engine.backends.cosyvoice.flow_warm import warm_voice_prefix
 from tts_engine.backends.cosyvoice.request import CosyVoiceStream, Segment, SpeedScaledStream
 from tts_engine.backends.cosyvoice.step import BatchedStep
 from tts_engine.budget import BackendLimits, StepBudget
@@ -184,6 +186,7 @@ class CosyVoiceBackend(Backend):
         flow_cache: bool = True,
         flow_cache_mib: float | None = None,
         final_pass: str = "exact",
+        flow_cache_warm: bool = True,
     ) -> None:
         step_caps = BackendLimits(max_prefill_rows=max_prefill_rows, max_hop_rows=max_hop_rows)  # checked now
         if final_pass not in ("exact", "streaming"):
@@ -281,6 +284,7 @@ class CosyVoiceBackend(Backend):
                 limit = int((DEFAULT_FLOW_CACHE_MIB if flow_cache_mib is None else flow_cache_mib) * MIB)
             self.flow_cache = FlowCacheManager(limit)
             log.info("cosyvoice flow cache: %.0f MiB", limit / MIB)
+        self.flow_cache_warm = bool(flow_cache_warm)  # fill a voice's prefix in add_voice
         self.final_pass = final_pass  # both per stream: the model may be shared by several backends
 
     # -- voices --------------------------------------------------------------------------------
@@ -315,6 +319,16 @@ class CosyVoiceBackend(Backend):
             raise VoiceError(f"voice {preset.name!r}: {exc}") from exc
         self._forget_flow_prefix(self._voices.get(preset.name))  # overwritten: its prefix is stale
         self._voices[preset.name] = voice
+        self._warm_flow_prefix(preset.name, voice)
+
+    def _warm_flow_prefix(self, name: str, voice: _Voice) -> None:
+        """Compute the voice's cached prompt chunks now, so its first request does not (flow_warm.py)."""
+        if self.flow_cache is None or not self.flow_cache_warm:
+            return
+        try:
+            warm_voice_prefix(self.model.token2wav, voice.flow_prompt, self.flow_cache)
+        except FlowError as exc:  # the first request computes (or reports) it instead
+            log.warning("voice %r: flow prompt cache not filled: %s", name, exc)
 
     def remove_voice(self, name: str) -> None:
         voice = self._voices.pop(name, None)
