@@ -287,8 +287,6 @@ class GPUConfig(_Section):
         return self.memory_gib - self.asr_memory_gib if self.memory_gib else None
 
 
-DEFAULT_ENGINE_MEMORY_GIB = 6.0
-
 
 class EngineConfig(_Section):
     """The shared TTS engine: batching and its memory budget (docs/gpu-sharing.md)."""
@@ -322,12 +320,6 @@ class EngineConfig(_Section):
     worker_max_restarts: int = Field(10, ge=0, le=1000)  # in a row, with backoff, before giving up
     # constructor keywords for the worker's backend (fake, gpu-sim, espeak; tests and benchmarks)
     worker_backend_options: dict[str, Any] = Field(default_factory=dict)
-
-    def memory_gib(self, gpu: GPUConfig) -> float:
-        """The budget the engine plans with: explicit, else the TTS share of `gpu`, else the default."""
-        if self.gpu_memory_gib is not None:
-            return self.gpu_memory_gib
-        return gpu.tts_memory_gib or DEFAULT_ENGINE_MEMORY_GIB
 
 
 OPENAI_VOICE_NAMES = (

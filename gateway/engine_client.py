@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from gateway.engine_client_link import RemoteStream, WorkerLink
 from gateway.engine_client_workers import WorkerSlot
-from tts_engine.arguments import check_arguments, check_instruct
-from tts_engine.errors import EngineClosed, EngineError, EngineOverloaded, EngineUnavailable, UnknownVoice
+from tts_engine.arguments import check_arguments, check_instruct, check_req_id, check_zero_shot, resolve_voice
+from tts_engine.errors import EngineClosed, EngineError, EngineOverloaded, EngineUnavailable
 from tts_engine.request import SynthesisStream
 from tts_engine.voices import VoiceError, VoicePreset, decode_prompt_wav
 from tts_engine.worker import protocol as p
@@ -196,9 +195,7 @@ class EngineClient:
     ) -> SynthesisStream:
         """Like ``TTSEngine.synthesize()``: queued on the worker with the most free capacity."""
         check_arguments(text, sample_rate, speed)
-        voice = self._default_voice if voice is None else voice
-        if voice not in self._voices:
-            raise UnknownVoice(voice, self._voices)
+        voice = resolve_voice(voice, self._default_voice, self._voices)
         message = {"t": p.SYNTH, "text": text, "voice": voice, "rate": sample_rate, "speed": float(speed),
                    "instruct": check_instruct(instruct), "ahead": float(playback_ahead)}  # fmt: skip
         return self._submit(message, req_id, sample_rate, playback_ahead)
@@ -215,14 +212,11 @@ class EngineClient:
         instruct: str | None = None,
     ) -> SynthesisStream:
         check_arguments(text, sample_rate, speed)
-        if not self.supports_cloning:
-            raise VoiceError(f"backend {self.backend_name} cannot clone voices")
-        if not isinstance(prompt_text, str):
-            raise VoiceError(f"prompt_text must be a string, got {type(prompt_text).__name__}")
+        prompt_text = check_zero_shot(self.backend_name, self.supports_cloning, prompt_text)
         decode_prompt_wav(prompt_wav)  # a bad recording is refused here, as in process
         message = {"t": p.SYNTH, "text": text, "rate": sample_rate, "speed": float(speed),
                    "instruct": check_instruct(instruct), "prompt_wav": bytes(prompt_wav),
-                   "prompt_text": prompt_text.strip()}  # fmt: skip
+                   "prompt_text": prompt_text}  # fmt: skip
         return self._submit(message, req_id, sample_rate, 0.0)
 
     def _submit(
@@ -230,12 +224,7 @@ class EngineClient:
     ) -> SynthesisStream:
         if self._is_closed:
             raise EngineClosed("engine is closed")
-        if req_id is None:
-            req_id = uuid.uuid4().hex
-        elif not isinstance(req_id, str) or not req_id:
-            raise ValueError(f"req_id must be a non-empty string, got {req_id!r}")
-        elif req_id in self._streams:
-            raise ValueError(f"req_id {req_id!r} is already in use by an open stream")
+        req_id = check_req_id(req_id, self._streams)
         if len(self._streams) >= self.max_pending_requests:
             self._counts["requests_rejected"] += 1
             raise EngineOverloaded(f"too many pending requests (limit {self.max_pending_requests})")

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Container, Sequence
+
+from tts_engine.errors import UnknownVoice
+from tts_engine.voices import VoiceError
+
 SUPPORTED_SAMPLE_RATES = (8000, 12000, 16000, 22050, 24000, 44100, 48000)
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
 MAX_INSTRUCT_CHARS = 500
@@ -36,3 +42,31 @@ def check_arguments(text: str, sample_rate: int, speed: float) -> None:
         raise ValueError(f"sample_rate must be one of {SUPPORTED_SAMPLE_RATES}, got {sample_rate!r}")
     if isinstance(speed, bool) or not isinstance(speed, int | float) or not MIN_SPEED <= speed <= MAX_SPEED:
         raise ValueError(f"speed must be a number in [{MIN_SPEED}, {MAX_SPEED}], got {speed!r}")
+
+
+def resolve_voice(voice: str | None, default: str, voices: Sequence[str]) -> str:
+    """``voice`` (``default`` when None), or UnknownVoice when the engine does not offer it."""
+    voice = default if voice is None else voice
+    if voice not in voices:
+        raise UnknownVoice(voice, list(voices))
+    return voice
+
+
+def check_zero_shot(backend_name: str, supports_cloning: bool, prompt_text: object) -> str:
+    """The stripped transcript of a one-off prompt, or VoiceError when the backend cannot clone."""
+    if not supports_cloning:
+        raise VoiceError(f"backend {backend_name} cannot clone voices")
+    if not isinstance(prompt_text, str):
+        raise VoiceError(f"prompt_text must be a string, got {type(prompt_text).__name__}")
+    return prompt_text.strip()
+
+
+def check_req_id(req_id: str | None, open_ids: Container[str]) -> str:
+    """``req_id``, or a fresh one when None; ValueError when empty, not a string, or already open."""
+    if req_id is None:
+        return uuid.uuid4().hex
+    if not isinstance(req_id, str) or not req_id:
+        raise ValueError(f"req_id must be a non-empty string, got {req_id!r}")
+    if req_id in open_ids:
+        raise ValueError(f"req_id {req_id!r} is already in use by an open stream")
+    return req_id

@@ -32,14 +32,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import Callable
 from typing import Any
 
-from tts_engine.arguments import MAX_SPEED, MIN_SPEED, SUPPORTED_SAMPLE_RATES, check_arguments, check_instruct
+from tts_engine.arguments import (
+    MAX_SPEED,
+    MIN_SPEED,
+    SUPPORTED_SAMPLE_RATES,
+    check_arguments,
+    check_instruct,
+    check_req_id,
+    check_zero_shot,
+    resolve_voice,
+)
 from tts_engine.backends.base import Backend
 from tts_engine.engine_loop import CallOutcome, EngineLoop
-from tts_engine.errors import EngineClosed, EngineError, EngineOverloaded, UnknownVoice
+from tts_engine.errors import EngineClosed, EngineError, EngineOverloaded
 from tts_engine.request import ChunkCredit, EngineRequest, SynthesisStream
 from tts_engine.voices import PromptAudio, VoiceError, VoicePreset, decode_prompt_wav
 
@@ -227,9 +235,7 @@ class TTSEngine:
         """
         self._check_open()
         check_arguments(text, sample_rate, speed)
-        voice = self._default_voice if voice is None else voice
-        if voice not in self._voices:
-            raise UnknownVoice(voice, self._voices)
+        voice = resolve_voice(voice, self._default_voice, self._voices)
         return self._submit(
             text, voice, sample_rate, req_id, speed, check_instruct(instruct), playback_ahead=playback_ahead
         )
@@ -252,14 +258,9 @@ class TTSEngine:
         """
         self._check_open()
         check_arguments(text, sample_rate, speed)
-        if not self._backend.supports_cloning:
-            raise VoiceError(f"backend {self.backend_name} cannot clone voices")
-        if not isinstance(prompt_text, str):
-            raise VoiceError(f"prompt_text must be a string, got {type(prompt_text).__name__}")
+        prompt_text = check_zero_shot(self.backend_name, self._backend.supports_cloning, prompt_text)
         audio = decode_prompt_wav(prompt_wav)
-        return self._submit(
-            text, "", sample_rate, req_id, speed, check_instruct(instruct), audio, prompt_text.strip()
-        )
+        return self._submit(text, "", sample_rate, req_id, speed, check_instruct(instruct), audio, prompt_text)
 
     def _check_open(self) -> asyncio.AbstractEventLoop:
         if self._is_closed:
@@ -281,12 +282,7 @@ class TTSEngine:
         *,
         playback_ahead: float = 0.0,
     ) -> SynthesisStream:
-        if req_id is None:
-            req_id = uuid.uuid4().hex
-        elif not isinstance(req_id, str) or not req_id:
-            raise ValueError(f"req_id must be a non-empty string, got {req_id!r}")
-        elif req_id in self._streams:
-            raise ValueError(f"req_id {req_id!r} is already in use by an open stream")
+        req_id = check_req_id(req_id, self._streams)
         if len(self._streams) >= self.max_pending_requests:
             self._num_requests_rejected += 1
             raise EngineOverloaded(f"too many pending requests (limit {self.max_pending_requests})")
