@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway.engine_client_link import RemoteStream, WorkerLink
+from gateway.engine_client_link import RemoteStream, WorkerLink, summed_memory
 from gateway.engine_client_workers import WorkerSlot
 from tts_engine.arguments import check_arguments, check_instruct, check_req_id, check_zero_shot, resolve_voice
 from tts_engine.errors import EngineClosed, EngineError, EngineOverloaded, EngineUnavailable
@@ -102,6 +102,7 @@ class EngineClient:
             "link_outbox_full": sum(link.counts["outbox_full"] for link in links),
             # engine steps of the ready workers, as of their latest report (sent with each request's end)
             "steps_total": sum(int(link.report.get("steps_total") or 0) for link in links),
+            **summed_memory(links),
         }
 
     def health(self) -> dict[str, Any]:
@@ -128,6 +129,7 @@ class EngineClient:
             "requests_total": stats["requests_total"],
             "errors": stats["requests_failed"],
             "batching": {"capacity": sum(w["capacity"] or 0 for w in ready)},
+            "memory": summed_memory([slot.link for slot in self.slots if slot.link is not None]),
             "workers": workers,
             "stats": stats,
         }

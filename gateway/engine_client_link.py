@@ -116,7 +116,7 @@ class WorkerLink:
             writer.close()
             raise WorkerLost(f"engine worker {self.address} speaks another protocol: {hello!r:.200}")
         self.hello = hello
-        self.report = {k: hello.get(k) for k in ("state", "capacity", "in_flight", "free", "device", "pid")}
+        self.report = {k: hello.get(k) for k in HELLO_REPORT_KEYS}
         self._writer = writer
         self.lost = asyncio.get_running_loop().create_future()
         self._tasks = [
@@ -226,6 +226,9 @@ class WorkerLink:
                     stream._push_end(EngineError(f"engine worker {self.address} sent past the credit bound"))
                     self.abort(stream.req_id)
         elif kind == p.END:
+            report = message.get("report")
+            if isinstance(report, dict):
+                self.report = report
             self._note_in_flight(message)
             if stream is not None:
                 stream._push_end()
@@ -276,3 +279,19 @@ class WorkerLink:
         if self._writer is not None:
             with contextlib.suppress(Exception):
                 self._writer.close()
+
+
+HELLO_REPORT_KEYS = ("state", "capacity", "in_flight", "free", "device", "pid", "steps_total", "memory")
+
+
+def summed_memory(links: list[WorkerLink]) -> dict[str, int | float]:
+    """The memory figures of the workers' latest reports (plan, use, flow cache), summed over ``links``."""
+    total: dict[str, int | float] = {}
+    for link in links:
+        memory = link.report.get("memory")
+        if not isinstance(memory, dict):
+            continue
+        for key, value in memory.items():
+            if isinstance(key, str) and isinstance(value, int | float) and not isinstance(value, bool):
+                total[key] = total.get(key, 0) + value
+    return total

@@ -107,6 +107,7 @@ class WorkerSlot:
             "pid": self.process.pid if self.process is not None else report.get("pid"),
             "restarts": self.restarts,
             "last_error": self.last_error,
+            "memory": report.get("memory"),
         }
 
     # -- the loop --------------------------------------------------------------------------------

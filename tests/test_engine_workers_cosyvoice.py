@@ -88,3 +88,29 @@ async def test_two_cosyvoice_workers_share_the_voice_set(dirs: tuple[Path, Path]
         assert [sorted(v) for v in await worker_voices(gw)] == [["bob", "default"]] * 2
         reply = await client.post(f"{gw.url}/v1/tts", json={"text": "好。", "voice": "bob", "format": "pcm"})
         assert reply.status_code == 200 and len(reply.content) > 0
+
+
+async def test_a_workers_flow_cache_and_steps_show_in_health_and_metrics(dirs: tuple[Path, Path]) -> None:
+    model_dir, voices = dirs
+    overrides = {
+        "tts": {"backend": "cosyvoice", "model_dir": str(model_dir), "voices_dir": str(voices), "device": "cpu",
+                "text_normalization": "off", "cpu_threads": 1},
+        "engine": {"workers": 1, "max_batch_size": 2, "max_llm_len": 256, "worker_start_timeout_s": 120,
+                   "flow_cache": True, "flow_cache_mib": 64},
+        "audio": {"output_sample_rate": RATE},
+    }  # fmt: skip
+    async with running_gateway(overrides) as gw, httpx.AsyncClient(timeout=120) as client:
+        reply = await client.post(f"{gw.url}/v1/tts", json={"text": "好。", "format": "pcm"})
+        assert reply.status_code == 200 and len(reply.content) > 0
+        health = (await client.get(f"{gw.url}/v1/health")).json()
+        (worker,) = health["engine"]["workers"]
+        for memory in (health["memory"]["engine"], worker["memory"]):  # the gateway's sum and the worker's own
+            assert memory["flow_cache_limit_bytes"] == 64 << 20
+            assert memory["flow_cache_voices"] == 1 and memory["flow_cache_voice_bytes"] > 0  # the preset's prefix
+            assert memory["flow_cache_bytes"] == memory["flow_cache_voice_bytes"] + memory["flow_cache_stream_bytes"]
+        metrics = (await client.get(f"{gw.url}/metrics")).text
+        values = {
+            line.split()[0]: float(line.split()[1]) for line in metrics.splitlines() if line.startswith("xz_engine_")
+        }
+        assert values["xz_engine_flow_cache_voice_bytes"] == health["memory"]["engine"]["flow_cache_voice_bytes"]
+        assert values["xz_engine_steps_total"] > 0  # reported with the request's end, not only at hello

@@ -50,7 +50,7 @@ HEALTH = "health"  # call
 # worker -> client
 HELLO = "hello"  # version + capabilities
 CHUNK = "chunk"  # id, pcm (int16 little-endian bytes)
-END = "end"  # id, in_flight
+END = "end"  # id, in_flight, report (as in hello: load, steps, memory)
 ERROR = "error"  # kind, message [, id | call]
 RESULT = "result"  # call, voices, default_voice [, report]
 

@@ -53,9 +53,10 @@ class WorkerServer:
     def in_flight(self) -> int:
         return sum(len(c.streams) for c in self._connections)
 
-    def report(self) -> dict[str, Any]:
+    def report(self, leaving: int = 0) -> dict[str, Any]:
+        """Load, steps and memory; ``leaving``: requests about to end, not counted as in flight."""
         health = self.engine.health()
-        capacity, in_flight = self.capacity(), self.in_flight()
+        capacity, in_flight = self.capacity(), max(0, self.in_flight() - leaving)
         return {
             "state": health.get("state", "running"),
             "capacity": capacity,
@@ -66,6 +67,8 @@ class WorkerServer:
             "pid": os.getpid(),
             "device": self.device,
             "steps_total": int((health.get("stats") or {}).get("steps_total", 0)),  # scripts/bench_gateway.py
+            # the engine's memory plan and use (flow cache included): /v1/health and /metrics of the gateway
+            "memory": {k: v for k, v in (health.get("memory") or {}).items() if _is_number(v)},
             **self.counts,
         }
 
@@ -279,7 +282,9 @@ class _Connection:
             await self.send(p.error_message(exc, id=req_id, in_flight=self.server.in_flight()))
         else:
             if not stream.is_aborted:
-                await self.send({"t": p.END, "id": req_id, "in_flight": self.server.in_flight() - 1})
+                report = self.server.report(leaving=1)
+                end = {"t": p.END, "id": req_id, "in_flight": report["in_flight"], "report": report}
+                await self.send(end)
         finally:
             if self.streams.get(req_id) is stream:
                 del self.streams[req_id]
@@ -349,3 +354,7 @@ def parse_address(address: str) -> tuple[str, Any]:
             raise ValueError(f"tcp address must be tcp://HOST:PORT, got {address!r}")
         return "tcp", (host.strip("[]") or "127.0.0.1", int(port))
     raise ValueError(f"address must be unix:PATH or tcp://HOST:PORT, got {address!r}")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
