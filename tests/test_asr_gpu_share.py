@@ -9,13 +9,23 @@ from gateway.asr.gpu_share import (
     GIB,
     CudaMeter,
     MemoryUse,
-    apply_engine_cap,
     apply_process_cap,
     check_share,
     resolve_device,
 )
 from gateway.config import ConfigError, GPUConfig, load_config
 from tts_engine.gpu_share import apply_engine_share, reset_gpu_shares
+
+
+def in_process_engine(gpu: GPUConfig, engine_gpu_memory_gib: float | None, device: str) -> float | None:
+    """The claim tts_engine/build.py makes for an engine in the gateway's own process."""
+    return apply_engine_share(
+        device,
+        memory_gib=gpu.memory_gib,
+        asr_memory_gib=gpu.asr_memory_gib,
+        engine_gpu_memory_gib=engine_gpu_memory_gib,
+        own_process=False,
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -60,12 +70,12 @@ def test_no_cap_on_cpu_or_without_a_plan():
 def test_engine_in_process_the_cap_is_the_whole_plan_whichever_loads_first(fake_gpu):
     plan = GPUConfig(memory_gib=20, asr_memory_gib=2)
     assert apply_process_cap(plan, "cuda") == pytest.approx(2 / 80)  # the ASR first: its share alone
-    assert apply_engine_cap(plan, None, "cuda") == pytest.approx(0.25)  # then the engine: the plan
+    assert in_process_engine(plan, None, "cuda") == pytest.approx(0.25)  # then the engine: the plan
     reset_gpu_shares()
-    assert apply_engine_cap(plan, 10.0, "cuda:1") == pytest.approx(18 / 80)  # the TTS part of the plan
+    assert in_process_engine(plan, 10.0, "cuda:1") == pytest.approx(18 / 80)  # the TTS part of the plan
     assert apply_process_cap(plan, "cuda:1") == pytest.approx(0.25)
     big = GPUConfig(memory_gib=200, asr_memory_gib=2)
-    assert apply_process_cap(big, "cuda:2") is not None and apply_engine_cap(big, None, "cuda:2") == 1.0
+    assert apply_process_cap(big, "cuda:2") is not None and in_process_engine(big, None, "cuda:2") == 1.0
     assert fake_gpu[-1] == (1.0, 2)
 
 
@@ -91,7 +101,7 @@ def test_each_process_caps_only_itself(fake_gpu):
 
 
 def test_without_a_plan_the_gateway_process_stays_uncapped(fake_gpu):
-    assert apply_engine_cap(GPUConfig(), 8.0, "cuda") is None  # today's in-process behaviour
+    assert in_process_engine(GPUConfig(), 8.0, "cuda") is None  # today's in-process behaviour
     assert apply_process_cap(GPUConfig(), "cuda") is None
     assert fake_gpu == []
 

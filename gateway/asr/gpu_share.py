@@ -59,20 +59,6 @@ def apply_process_cap(gpu: GPUConfig | None, device: str) -> float | None:
     return claim_gpu_share("asr", device, gib=gpu.asr_memory_gib)
 
 
-def apply_engine_cap(gpu: GPUConfig | None, engine_gpu_memory_gib: float | None, device: str) -> float | None:
-    """Claims the TTS engine's share of this process's CUDA cap, for the engine running in the gateway."""
-    from tts_engine.gpu_share import apply_engine_share
-
-    gpu = gpu or GPUConfig()
-    return apply_engine_share(
-        device,
-        memory_gib=gpu.memory_gib,
-        asr_memory_gib=gpu.asr_memory_gib,
-        engine_gpu_memory_gib=engine_gpu_memory_gib,
-        own_process=False,
-    )
-
-
 @dataclass
 class MemoryUse:
     """CUDA memory one operation allocated: what stayed, and its peak above the start."""
