@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 LATENCY_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 ERLE_BUCKETS = (0.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 35.0, 40.0, 50.0)
 AEC_DELAY_BUCKETS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.6, 0.8, 1.2)
+TOOL_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 RECENT_FIRST_AUDIO = 512  # the last turns' first-audio latencies kept for the console's chart (GET /v1/status)
 
 
@@ -61,6 +62,20 @@ class GatewayMetrics:
         self.utterance_overflow = Counter(
             "xz_utterance_overflow", "Uplink audio dropped at the utterance length bound", registry=r
         )
+        # tool calls of the LLM: sources are configured (builtin, device, mcp:NAME), so the labels are bounded
+        self.tool_calls = Counter(
+            "xz_tool_calls",
+            "Tool calls the LLM made, by source and outcome",
+            ["source", "outcome"],
+            registry=r,
+        )
+        self.tool_call_seconds = Histogram(
+            "xz_tool_call_seconds",
+            "Time a tool call took, by source",
+            ["source"],
+            buckets=TOOL_BUCKETS,
+            registry=r,
+        )
         # server-side echo cancellation, one observation per session that ran it (no per-session labels)
         self.aec_sessions = Counter(
             "xz_aec_sessions", "Sessions with server-side AEC, by how they aligned", ["alignment"], registry=r
@@ -77,6 +92,11 @@ class GatewayMetrics:
             buckets=AEC_DELAY_BUCKETS,
             registry=r,
         )
+
+    def observe_tool_call(self, source: str, outcome: str, seconds: float) -> None:
+        """One tool call the LLM made: its source (``builtin``, ``device``, ``mcp:NAME``), outcome, time."""
+        self.tool_calls.labels(source, outcome).inc()
+        self.tool_call_seconds.labels(source).observe(seconds)
 
     def observe_first_audio(self, seconds: float) -> None:
         """One turn's time from the query to its first audio frame: the histogram and the recent list."""

@@ -17,7 +17,7 @@ from gateway.llm.base import ChatLLM, LLMError
 from gateway.llm.tool_calls import ToolCallingLLM
 from gateway.segmenter import SentenceSegmenter
 from gateway.text_cleaning import first_emoji
-from gateway.tools.runner import Filler, ToolLoopSettings, ToolsRunning, answer_with_tools
+from gateway.tools.runner import Filler, OnToolCall, ToolLoopSettings, ToolsRunning, answer_with_tools
 from gateway.tools.toolset import ToolSet
 from gateway.xiaozhi.emotions import DEFAULT_EMOTION, emotion_for_emoji
 
@@ -51,10 +51,12 @@ class Reply:
         on_error: Callable[[], None] | None = None,
         tools: ToolSet | None = None,
         tool_settings: ToolLoopSettings | None = None,
+        on_tool_call: OnToolCall | None = None,
     ) -> None:
         self._llm = llm
         self._tools = tools
         self._tool_settings = tool_settings or ToolLoopSettings()
+        self._on_tool_call = on_tool_call
         self._messages = messages
         self._segmenter = segmenter
         self._apology = apology
@@ -73,7 +75,9 @@ class Reply:
 
     def _stream(self) -> AsyncIterator[str | ToolsRunning | Filler]:
         if self._tools and isinstance(self._llm, ToolCallingLLM):
-            return answer_with_tools(self._llm, self._messages, self._tools, self._tool_settings)
+            return answer_with_tools(
+                self._llm, self._messages, self._tools, self._tool_settings, self._on_tool_call
+            )
         return self._llm.stream_chat(self._messages)
 
     async def events(self) -> AsyncIterator[ReplyEvent]:

@@ -87,6 +87,7 @@ class TurnRecorder:
     llm_failed: Callable[[], None] = _nothing
     first_audio: Callable[[float], None] = _nothing  # seconds from the turn's start to its first frame
     underruns: Callable[[int], None] = _nothing
+    tool_call: Callable[[str, str, float], None] = _nothing  # (source, ok|failed|timeout, seconds)
 
 
 class Turn:
@@ -167,6 +168,7 @@ class Turn:
             on_error=self._recorder.llm_failed,
             tools=tools,
             tool_settings=self._config.tools,
+            on_tool_call=self._recorder.tool_call,
         )
         events = self.reply.events()
         sentences = self._sentences(events)

@@ -29,6 +29,7 @@ def metrics_recorder(metrics: GatewayMetrics) -> TurnRecorder:
         llm_failed=metrics.llm_errors.inc,
         first_audio=metrics.observe_first_audio,
         underruns=metrics.underruns.inc,
+        tool_call=metrics.observe_tool_call,
     )
 
 

@@ -11,6 +11,8 @@ import asyncio
 import time
 from typing import Any
 
+import httpx
+
 from gateway.xiaozhi import AudioOut, TtsStart, TtsStop
 from scripts.device_sim import FIRMWARE_TOOLS, DeviceSimulator
 from tests.gateway_server import running_gateway
@@ -50,6 +52,19 @@ async def device(gw: Any) -> DeviceSimulator:
     return sim
 
 
+async def tool_call_counts(gw: Any) -> dict[tuple[str, str], float]:
+    """``xz_tool_calls_total`` from the gateway's /metrics, by (source, outcome)."""
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(f"{gw.url}/metrics")).text
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith("xz_tool_calls_total{"):
+            labels, value = line[len("xz_tool_calls_total{") :].rsplit("} ", 1)
+            pairs = dict(part.split("=", 1) for part in labels.split(","))
+            counts[(pairs["source"].strip('"'), pairs["outcome"].strip('"'))] = float(value)
+    return counts
+
+
 def assert_clean_turn(turn: Any) -> None:
     kinds = [type(e) for e in turn.events if not isinstance(e, AudioOut)]
     assert kinds.count(TtsStart) == 1 and kinds[-1] is TtsStop
@@ -61,7 +76,9 @@ async def test_set_volume_through_the_device_mcp_tool():
             sim = await device(gw)
             turn = await sim.ask("把音量调到50")
             await sim.close()
+            counts = await tool_call_counts(gw)
 
+    assert counts == {("device", "ok"): 1}
     assert sim.mcp.calls == [("self.audio_speaker.set_volume", {"volume": 50})]
     assert sim.mcp.volume == 50
     first, second = llm.requests
@@ -90,7 +107,9 @@ async def test_a_tool_that_times_out_gets_a_filler_and_the_turn_goes_on():
             turn = await sim.ask("把音量调到30")
             again = await sim.ask("你好")  # the scripted server's default answer: "OK."
             await sim.close()
+            counts = await tool_call_counts(gw)
 
+    assert counts == {("device", "timeout"): 1}
     assert turn.sentences == ["稍等一下。", "抱歉，音量没有调成功。"]
     [result] = tool_results(llm.requests[1])
     assert result.startswith("Error") and "0.6 s" in result
@@ -106,7 +125,9 @@ async def test_a_failing_tool_tells_the_llm_why():
             sim = await device(gw)
             turn = await sim.ask("把音量调到500")
             await sim.close()
+            counts = await tool_call_counts(gw)
 
+    assert counts == {("device", "failed"): 1}
     assert sim.mcp.volume == 70  # unchanged: the device refused
     [result] = tool_results(llm.requests[1])
     assert result.startswith("Error") and "Invalid volume" in result

@@ -5,7 +5,8 @@ calls start (text said before them is complete: speak it now, in the voice of th
 ``Filler`` when they take longer than ``filler_after_s`` (spoken while they run; not part of the
 answer).
 The calls of one round run in parallel in a task group, each bounded by ``call_timeout_s``; a failed
-call's result tells the model it failed. The generator owns that task: cancelling the consumer or
+call's result tells the model it failed. ``on_call`` hears of each call (its source, ``ok``, ``failed``
+or ``timeout``, and its seconds), for the metrics. The generator owns that task: cancelling the consumer or
 closing the generator cancels the running calls. At most ``max_rounds`` rounds of calls; the request
 after the last one forbids calls (``tool_choice: none``), so a turn always ends.
 """
@@ -15,14 +16,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.llm.tool_calls import ToolCall, ToolCallingLLM, assistant_message, tool_message
 from gateway.tools.toolset import ToolResult, ToolSet
 
-__all__ = ["Filler", "ToolLoopSettings", "ToolsRunning", "answer_with_tools"]
+__all__ = ["Filler", "OnToolCall", "ToolLoopSettings", "ToolsRunning", "answer_with_tools"]
+
+OnToolCall = Callable[[str, str, float], None]  # (source name, outcome, seconds)
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +56,7 @@ async def answer_with_tools(
     messages: list[dict[str, Any]],
     tools: ToolSet,
     settings: ToolLoopSettings,
+    on_call: OnToolCall | None = None,
 ) -> AsyncIterator[str | ToolsRunning | Filler]:
     """The answer to ``messages`` with ``tools`` offered (raises ``LLMError`` if a round fails)."""
     messages = list(messages)
@@ -76,7 +81,7 @@ async def answer_with_tools(
             return
         messages.append(assistant_message("".join(text), calls))
         yield ToolsRunning()
-        running = asyncio.ensure_future(_run_calls(tools, calls, settings.call_timeout_s))
+        running = asyncio.ensure_future(_run_calls(tools, calls, settings.call_timeout_s, on_call))
         try:
             done, _ = await asyncio.wait({running}, timeout=settings.filler_after_s)
             if not done and not filler_said and settings.filler:
@@ -91,13 +96,21 @@ async def answer_with_tools(
         messages.extend(tool_message(call, result.text) for call, result in zip(calls, results, strict=True))
 
 
-async def _run_calls(tools: ToolSet, calls: list[ToolCall], timeout_s: float) -> list[ToolResult]:
+async def _run_calls(
+    tools: ToolSet, calls: list[ToolCall], timeout_s: float, on_call: OnToolCall | None = None
+) -> list[ToolResult]:
     async def one(call: ToolCall) -> ToolResult:
+        started = time.monotonic()
         try:
             async with asyncio.timeout(timeout_s):
-                return await tools.call(call.name, call.arguments)
+                result = await tools.call(call.name, call.arguments)
+            outcome = "ok" if result.ok else "failed"
         except TimeoutError:
-            return tools.failed(call.name, f"no answer within {timeout_s:g} s")
+            result, outcome = tools.failed(call.name, f"no answer within {timeout_s:g} s"), "timeout"
+        if on_call is not None:
+            source = tools.original(call.name)
+            on_call(source[0] if source else "unknown", outcome, time.monotonic() - started)
+        return result
 
     async with asyncio.TaskGroup() as tg:
         tasks = [tg.create_task(one(call)) for call in calls]
