@@ -169,6 +169,7 @@ class EngineClient:
 
     async def _replay_voices(self, link: WorkerLink) -> None:
         """A worker (re)connected: make its voice set the gateway's before it takes requests."""
+        link.on_voices = self._voices_changed
         if not self._hello:
             self._hello = link.hello
             self._voices = list(link.hello.get("voices") or [])
@@ -281,6 +282,21 @@ class EngineClient:
         await self._call_all({"t": p.VOICE_REMOVE, "name": name})
         if self._added.pop(name, None) is None:
             self._removed.add(name)
+
+    def _voices_changed(self, message: dict[str, Any]) -> None:
+        """Another gateway added or removed a voice on a worker: offer what the worker offers now, and
+        never replay a voice that was removed since (nor re-remove one added since)."""
+        self._voices = [v for v in message["voices"] if isinstance(v, str)]
+        self._default_voice = str(message.get("default_voice") or self._default_voice)
+        name = message.get("name")
+        if not isinstance(name, str):
+            return
+        if message.get("change") == "remove":
+            if self._added.pop(name, None) is None:
+                self._removed.add(name)
+        elif message.get("change") == "add":
+            self._removed.discard(name)
+            self._added.pop(name, None)  # the other gateway's version is the voice now: it replays it
 
     async def _call_all(self, message: dict[str, Any]) -> None:
         links = [slot.link for slot in self.slots if slot.link is not None and slot.link.is_up]

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -83,6 +84,8 @@ class WorkerLink:
         self._outbox: asyncio.Queue[bytes] = asyncio.Queue(OUTBOX_FRAMES)
         self._writer: asyncio.StreamWriter | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        # another client of the worker (a second gateway) changed its voice set: the ``voices`` message
+        self.on_voices: Callable[[dict[str, Any]], None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -246,6 +249,9 @@ class WorkerLink:
                 log.warning(
                     "engine worker %s: %s: %s", self.address, message.get("kind"), message.get("message")
                 )
+        elif kind == p.VOICES:
+            if self.on_voices is not None and isinstance(message.get("voices"), list):
+                self.on_voices(message)
         elif kind == p.RESULT:
             report = message.get("report")
             if isinstance(report, dict):

@@ -22,6 +22,10 @@ the new one; ``discard()`` drops a staged upload that was refused. ``load()`` re
 leaves behind: temporary files and unreferenced ``<name>.<hash>.wav`` recordings older than
 ``STALE_AFTER_S`` (younger ones may belong to an upload in progress in another process).
 
+Several gateways may share the folder (deploy/docker-compose.yml): ``refresh()``, called by the voice
+API's handlers, picks up what another one added, replaced or removed (a stat of the folder when nothing
+changed; only new or changed YAML files are read).
+
 The store does file I/O only; it is used on the event loop at start-up and from upload handlers, and
 hands the engine ``VoicePreset`` values (tts_engine/voices.py: what an engine, in this process or a
 worker, needs of a voice). Nothing here knows about models.
@@ -36,6 +40,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +66,7 @@ MAX_TEXT_CHARS = 1000
 MAX_PRESET_BYTES = 64 * 1024  # a preset YAML is a few lines
 CACHE_DIR = ".cache"
 STALE_AFTER_S = 600.0  # leftovers of an interrupted write older than this are removed by load()
+RACY_NS = 2_000_000_000  # refresh() trusts a file or folder timestamp once it is this old
 _OWN_WAV_RE = re.compile(r"(?P<name>[A-Za-z0-9_-]{1,64})\.[0-9a-f]{16}\.wav")  # written by stage()
 _TEMP_RE = re.compile(r"\..+\.tmp")  # written by _atomic_write()
 _KEYS = {"name", "prompt_wav", "prompt_text", "instruct", "description", "fallback"}
@@ -134,6 +140,10 @@ class VoiceStore:
         self.cache_dir = self.directory / CACHE_DIR
         self.espeak_executable = espeak_executable
         self._presets: dict[str, VoicePreset] = {}
+        self._files: dict[str, tuple[int, int] | None] = {}  # name -> (mtime_ns, size) of its YAML as read
+        self._stamp: int | None = None  # the folder's mtime_ns when it was last read
+        self._lock = threading.Lock()  # refresh() (API handlers' threads) against commit() and remove()
+        self._loaded = False
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -142,23 +152,61 @@ class VoiceStore:
 
         Leftovers of interrupted writes (see the module docstring) are removed first.
         """
-        presets: dict[str, VoicePreset] = {}
         if self.directory.is_dir():
             self._remove_leftovers()
-            for path in sorted(self.directory.glob("*.yaml")):
-                try:
-                    preset = self._read_preset(path)
-                except Exception as exc:  # any bad file: skipped, the server starts without it
-                    error = exc if isinstance(exc, VoiceError) else VoiceError(f"{path}: {exc!r}")
-                    if strict:
-                        raise error from exc
-                    log.warning("skipping voice preset: %s", error)
-                    continue
-                presets[preset.name] = preset
         elif strict:
             raise VoiceError(f"{self.directory}: voice folder not found")
-        self._presets = presets
+        self._scan(reuse=False, strict=strict)
+        self._loaded = True
         return self.list()
+
+    def refresh(self) -> bool:
+        """Pick up what another process sharing the folder (a second gateway) added, replaced or removed.
+
+        One ``stat`` of the folder when nothing changed; else only new or changed YAML files are read
+        (a bad one is skipped with a warning). True when the presets changed. Nothing before ``load()``.
+        """
+        with self._lock:
+            if not self._loaded or self._folder_stamp() == self._stamp:
+                return False
+            before = self._presets
+            self._scan(reuse=True, strict=False)
+            return self._presets != before
+
+    def _folder_stamp(self) -> int | None:
+        try:
+            return self.directory.stat().st_mtime_ns
+        except OSError:
+            return None
+
+    def _scan(self, *, reuse: bool, strict: bool) -> None:
+        """Read the folder's presets; ``reuse``: keep those whose YAML is unchanged since the last read."""
+        stamp = self._folder_stamp()  # before the listing: a change during it shows at the next refresh
+        presets: dict[str, VoicePreset] = {}
+        files: dict[str, tuple[int, int] | None] = {}
+        # Timestamps tick with the kernel's coarse clock (a few ms): a change made in the same tick as a
+        # read would keep the stamp. So a stamp this recent is not trusted: the next refresh looks again.
+        recent = time.time_ns() - RACY_NS
+        for path in sorted(self.directory.glob("*.yaml")) if stamp is not None else []:
+            try:
+                stat = path.stat()
+            except OSError:
+                continue  # removed while listing
+            key = (stat.st_mtime_ns, stat.st_size) if stat.st_mtime_ns < recent else None
+            if reuse and key is not None and self._files.get(path.stem) == key and path.stem in self._presets:
+                presets[path.stem], files[path.stem] = self._presets[path.stem], key
+                continue
+            try:
+                preset = self._read_preset(path)
+            except Exception as exc:  # any bad file: skipped, the server starts without it
+                error = exc if isinstance(exc, VoiceError) else VoiceError(f"{path}: {exc!r}")
+                if strict:
+                    raise error from exc
+                log.warning("skipping voice preset: %s", error)
+                continue
+            presets[preset.name], files[preset.name] = preset, key
+        self._presets, self._files = presets, files
+        self._stamp = stamp if stamp is not None and stamp < recent else None
 
     def _remove_leftovers(self) -> None:
         """Delete stale temporary files and stale recordings of uploads that were never committed."""
@@ -379,9 +427,10 @@ class VoiceStore:
             "description": preset.description,
         }
         yaml_path = self.directory / f"{preset.name}.yaml"
-        _atomic_write(yaml_path, yaml.safe_dump(fields, allow_unicode=True, sort_keys=False).encode("utf-8"))
-        previous = self._presets.get(preset.name)
-        self._presets[preset.name] = preset
+        with self._lock:
+            _atomic_write(yaml_path, yaml.safe_dump(fields, allow_unicode=True, sort_keys=False).encode("utf-8"))
+            previous = self._presets.get(preset.name)
+            self._presets[preset.name] = preset
         if previous is not None and previous.prompt_wav != preset.prompt_wav:
             self._remove_own_wav(previous)
         return preset
@@ -398,10 +447,11 @@ class VoiceStore:
 
     def remove(self, name: str) -> None:
         """Delete the preset's YAML (the commit point), its own recording and its cached features."""
-        preset = self.get(name)
-        (self.directory / f"{name}.yaml").unlink(missing_ok=True)
-        _sync_dir(self.directory)
-        del self._presets[name]
+        with self._lock:
+            preset = self.get(name)
+            (self.directory / f"{name}.yaml").unlink(missing_ok=True)
+            _sync_dir(self.directory)
+            self._presets.pop(name, None)
         self._remove_own_wav(preset)
         if self.cache_dir.is_dir():
             for cached in self.cache_dir.glob(f"{name}.*"):

@@ -304,3 +304,19 @@ def test_load_removes_stale_leftovers_and_keeps_young_ones_and_user_files(tmp_pa
     assert [p.name for p in VoiceStore(tmp_path).load(strict=True)] == ["alice"]
     assert {p.name for p in tmp_path.iterdir()} == kept
     assert not list((tmp_path / ".cache").iterdir())
+
+
+def test_refresh_picks_up_what_another_store_on_the_folder_changed(folder: Path) -> None:
+    mine, theirs = VoiceStore(folder), VoiceStore(folder)  # two gateways sharing voices/
+    assert mine.refresh() is False  # nothing before load()
+    mine.load()
+    theirs.load()
+    assert mine.refresh() is False  # nothing changed
+    added = theirs.add("bob", tone_wav(1.5), "你好。", description="theirs")
+    theirs.add("alice", tone_wav(2.5), "新的。", overwrite=True)
+    theirs.remove("styled")
+    write_preset(folder, "broken", prompt_wav="missing.wav")  # a bad one is skipped, not fatal
+    assert mine.refresh() is True
+    assert mine.names() == ["alice", "bob"]
+    assert mine.get("bob") == added and mine.get("alice").prompt_text == "新的。"
+    assert mine.refresh() is False

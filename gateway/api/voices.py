@@ -60,6 +60,8 @@ async def list_voices(request: Request) -> JSONResponse:
     services = services_of(request)
     engine = services.engine
     store = getattr(services, "voices", None)
+    if store is not None:
+        await asyncio.to_thread(store.refresh)  # another gateway on the same folder may have changed it
     presets = store.names() if store is not None else []
     names = list(engine.voices) + [n for n in presets if n not in engine.voices]
     data = [_describe(services, name) for name in names]
@@ -96,6 +98,7 @@ async def add_voice(
         raise ApiError(400, str(exc), code="invalid_voice_name", param="name") from exc
     wav = await read_prompt_upload(services, prompt_wav)
     async with _voice_lock(request):  # one change of the voice set at a time
+        await asyncio.to_thread(store.refresh)
         if name in engine.voices and name not in store:
             raise ApiError(409, f"{name!r} is a built-in voice of the {engine.backend_name} backend",
                            code="voice_exists", param="name")  # fmt: skip
@@ -129,6 +132,7 @@ async def delete_voice(request: Request, name: str) -> Response:
     services = services_of(request)
     engine = services.engine
     store = _store(services)
+    await asyncio.to_thread(store.refresh)
     if name not in store:
         if name in engine.voices:
             raise ApiError(409, f"{name!r} is a built-in voice of the {engine.backend_name} backend and "

@@ -53,9 +53,10 @@ CHUNK = "chunk"  # id, pcm (int16 little-endian bytes)
 END = "end"  # id, in_flight, report (as in hello: load, steps, memory)
 ERROR = "error"  # kind, message [, id | call]
 RESULT = "result"  # call, voices, default_voice [, report]
+VOICES = "voices"  # change ("add" | "remove"), name, voices, default_voice: another connection's change
 
 CLIENT_TYPES = frozenset({SYNTH, CREDIT, AHEAD, ABORT, VOICE_ADD, VOICE_REMOVE, HEALTH})
-WORKER_TYPES = frozenset({HELLO, CHUNK, END, ERROR, RESULT})
+WORKER_TYPES = frozenset({HELLO, CHUNK, END, ERROR, RESULT, VOICES})
 
 # error kinds
 UNKNOWN_VOICE = "unknown_voice"

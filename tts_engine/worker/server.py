@@ -119,6 +119,15 @@ class WorkerServer:
                 while self._connections:
                     await next(iter(self._connections)).finished.wait()
 
+    def voices_changed(self, change: str, name: str, *, origin: _Connection) -> None:
+        """Tell every other connection (other gateways) that ``origin`` changed the voice set."""
+        engine = self.engine
+        message = {"t": p.VOICES, "change": change, "name": name, "voices": engine.voices,
+                   "default_voice": engine.default_voice}  # fmt: skip
+        for connection in self._connections:
+            if connection is not origin and connection.greeted:
+                connection._spawn(connection.send(message))  # through its bounded outbox, in order
+
     def voice_path(self, name: str) -> Path:
         return self._voice_dir / f"{check_voice_name(name)}.wav"
 
@@ -135,6 +144,7 @@ class _Connection:
         self.streams: dict[str, SynthesisStream] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.finished = asyncio.Event()
+        self.greeted = False  # authenticated (where a token is needed) and sent the hello
 
     async def run(self) -> None:
         writer_task = asyncio.create_task(self._write_out())
@@ -142,6 +152,7 @@ class _Connection:
             if self.server.token and not await self._authenticate():
                 return
             await self.send(self.server.hello())
+            self.greeted = True
             await self._read_in()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
@@ -300,6 +311,10 @@ class _Connection:
                      "default_voice": self.engine.default_voice, "report": self.server.report()}  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - answered as an error frame
             reply = p.error_message(exc, call=call)
+        else:
+            if kind in (p.VOICE_ADD, p.VOICE_REMOVE):
+                change = "add" if kind == p.VOICE_ADD else "remove"
+                self.server.voices_changed(change, _str(message, "name"), origin=self)
         await self.send(reply)
 
     async def _add_voice(self, message: dict[str, Any]) -> None:
