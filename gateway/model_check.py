@@ -1,7 +1,7 @@
 """What works with the configured models: `python -m gateway check`, and its short form at start-up.
 
 `run_checks(config)` loads every configured model the way the server does (the TTS backend through
-`services.create_tts_backend`, the voice presets through the engine, FunASR through
+`tts_choice.create_tts_backend`, the voice presets through the engine, FunASR through
 `FunASRBackend.load`, the Silero VAD through `SileroVAD`), after checking the CosyVoice3 files one by
 one (`cosyvoice.model_check`); then it synthesises one sentence and, when speech recognition is
 configured, recognises it back. Each step is one `CheckResult` (status ok / missing / failed /
@@ -133,7 +133,7 @@ class _Context:
 
 
 def _tts_backend_checks(config: Config, ctx: _Context) -> list[CheckResult]:
-    from gateway.services import choose_tts_backend, create_tts_backend, set_cpu_threads
+    from gateway.tts_choice import choose_tts_backend, create_tts_backend, set_cpu_threads
     from tts_engine import TTSEngine
 
     tts = config.tts

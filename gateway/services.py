@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
-import os
-import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from gateway.asr import ASR, create_asr
-from gateway.config import Config, EngineConfig, GPUConfig, LLMConfig, TTSConfig
+from gateway.config import Config, LLMConfig
 from gateway.llm.base import ChatLLM
 from gateway.llm.echo import EchoLLM
 from gateway.llm.memory import ConversationMemory
@@ -28,10 +22,10 @@ from gateway.model_check import (
 )
 from gateway.session_registry import SessionRegistry
 from gateway.tools.base import ToolSource
+from gateway.tts_choice import TTSChoice, choose_tts_backend, create_tts_backend, set_cpu_threads
 from gateway.voice_store import VoiceStore
 from tts_engine import TTSEngine
-from tts_engine.backends import Backend
-from tts_engine.build import build_backend, engine_for_backend
+from tts_engine.build import engine_for_backend
 
 if TYPE_CHECKING:
     from gateway.engine_client import EngineClient
@@ -40,54 +34,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class TTSChoice:
-    backend: str
-    warning: str | None = None
-
-
-def choose_tts_backend(cfg: TTSConfig) -> TTSChoice:
-    """Resolve `tts.backend: auto` to a backend that can run here."""
-    if cfg.backend == "fake":
-        return TTSChoice("fake")
-    model_dir = Path(cfg.model_dir)
-    if cfg.backend in ("auto", "cosyvoice"):
-        if (model_dir / "cosyvoice3.yaml").is_file():
-            try:
-                importlib.import_module("tts_engine.backends.cosyvoice")
-                return TTSChoice("cosyvoice")
-            except ImportError as exc:
-                reason = f"the cosyvoice backend cannot be loaded: {exc}"
-        else:
-            reason = f"no CosyVoice model at {model_dir} (run scripts/download_model.py)"
-        if shutil.which("espeak-ng") is None:
-            raise RuntimeError(f"{reason}, and espeak-ng is not installed (apt-get install espeak-ng)")
-        return TTSChoice("espeak", warning=f"using espeak-ng instead of CosyVoice: {reason}")
-    return TTSChoice(cfg.backend)
-
-
 def engine_sections(config: Config) -> dict[str, Any]:
     """The config sections the engine is built from (tts_engine/build.py), as plain dicts."""
     return {name: getattr(config, name).model_dump(mode="json") for name in ("tts", "engine", "gpu")}
-
-
-def create_tts_backend(
-    name: str, cfg: TTSConfig, engine: EngineConfig | None = None, gpu: GPUConfig | None = None
-) -> Backend:
-    """Build the chosen backend for this process (the engine beside the ASR), as a worker would."""
-    sections = {
-        "tts": cfg.model_dump(mode="json"),
-        "engine": (engine or EngineConfig()).model_dump(mode="json"),
-        "gpu": (gpu or GPUConfig()).model_dump(mode="json"),
-    }
-    return build_backend(name, cfg.device, sections, own_process=False)
-
-
-def set_cpu_threads(backend: str, configured: int) -> None:
-    """torch's intra-op threads: OpenMP workers spin, so tiny per-chunk ops (resampling) run
-    many times slower with several threads on a busy machine; only big CPU models gain."""
-    threads = configured or ((os.cpu_count() or 1) if backend == "cosyvoice" else 1)
-    torch.set_num_threads(threads)
 
 
 def create_llm(cfg: LLMConfig) -> ChatLLM:

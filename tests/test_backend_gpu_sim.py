@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gateway.config import TTSConfig
-from gateway.services import create_tts_backend
+from gateway.tts_choice import create_tts_backend
 from tts_engine import TTSEngine
 from tts_engine.backends import create_backend
 from tts_engine.backends.fake import FakeBackend
