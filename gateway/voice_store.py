@@ -35,22 +35,17 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import re
-import shutil
-import subprocess
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
+from gateway.voice_files import MAX_TEXT_CHARS, atomic_write, read_preset, read_text, sync_dir
 from tts_engine.errors import UnknownVoice
 from tts_engine.voices import (
-    MAX_PROMPT_BYTES,
     VoiceError,
     VoicePreset,
     check_voice_name,
@@ -58,19 +53,15 @@ from tts_engine.voices import (
     preset_cache_path,
 )
 
-__all__ = ["MAX_PRESET_BYTES", "StagedVoice", "VoiceExists", "VoiceStore"]
+__all__ = ["StagedVoice", "VoiceExists", "VoiceStore"]
 
 log = logging.getLogger(__name__)
 
-MAX_TEXT_CHARS = 1000
-MAX_PRESET_BYTES = 64 * 1024  # a preset YAML is a few lines
 CACHE_DIR = ".cache"
 STALE_AFTER_S = 600.0  # leftovers of an interrupted write older than this are removed by load()
 RACY_NS = 2_000_000_000  # refresh() trusts a file or folder timestamp once it is this old
 _OWN_WAV_RE = re.compile(r"(?P<name>[A-Za-z0-9_-]{1,64})\.[0-9a-f]{16}\.wav")  # written by stage()
-_TEMP_RE = re.compile(r"\..+\.tmp")  # written by _atomic_write()
-_KEYS = {"name", "prompt_wav", "prompt_text", "instruct", "description", "fallback"}
-_FALLBACKS = ("espeak",)
+_TEMP_RE = re.compile(r"\..+\.tmp")  # written by atomic_write()
 
 
 class VoiceExists(VoiceError):
@@ -83,46 +74,6 @@ class StagedVoice:
 
     preset: VoicePreset
     wrote_wav: bool  # False: an identical recording was already there (discard leaves it)
-
-
-def _optional_text(data: dict[str, Any], key: str, source: Path, *, default: str | None) -> str | None:
-    value = data.get(key, default)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise VoiceError(f"{source}: field {key!r} must be a string, got {type(value).__name__}")
-    if len(value) > MAX_TEXT_CHARS:
-        raise VoiceError(f"{source}: field {key!r} is longer than {MAX_TEXT_CHARS} characters")
-    return value.strip()
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """``path`` holds ``data`` or what it held before, never a part: a synced temporary file renamed over it."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _sync_dir(path.parent)
-
-
-def _sync_dir(directory: Path) -> None:
-    """Make a rename or unlink in ``directory`` durable (a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _is_stale(path: Path, now: float) -> bool:
@@ -197,7 +148,7 @@ class VoiceStore:
                 presets[path.stem], files[path.stem] = self._presets[path.stem], key
                 continue
             try:
-                preset = self._read_preset(path)
+                preset = read_preset(path, self.directory, self.cache_dir, self.espeak_executable)
             except Exception as exc:  # any bad file: skipped, the server starts without it
                 error = exc if isinstance(exc, VoiceError) else VoiceError(f"{path}: {exc!r}")
                 if strict:
@@ -236,7 +187,7 @@ class VoiceStore:
         names: dict[str, str] = {}
         for path in self.directory.glob("*.yaml"):
             try:
-                data = yaml.safe_load(self._read_text(path))
+                data = yaml.safe_load(read_text(path))
             except Exception:
                 return None
             if isinstance(data, dict) and isinstance(data.get("prompt_wav"), str):
@@ -266,91 +217,6 @@ class VoiceStore:
 
     def __contains__(self, name: object) -> bool:
         return name in self._presets
-
-    def _read_preset(self, path: Path) -> VoicePreset:
-        try:
-            data = yaml.safe_load(self._read_text(path))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError) as exc:
-            raise VoiceError(f"{path}: unreadable YAML: {exc}") from exc
-        if not isinstance(data, dict):
-            raise VoiceError(f"{path}: expected a mapping of preset fields")
-        unknown = set(data) - _KEYS
-        if unknown:
-            raise VoiceError(f"{path}: unknown field(s) {sorted(unknown)}; allowed: {sorted(_KEYS)}")
-        name = data.get("name", path.stem)
-        if name != path.stem:
-            raise VoiceError(f"{path}: field 'name' is {name!r} but must equal the file stem {path.stem!r}")
-        try:
-            check_voice_name(name)
-        except VoiceError as exc:
-            raise VoiceError(f"{path}: {exc}") from exc
-        prompt_text = _optional_text(data, "prompt_text", path, default="") or ""
-        instruct = _optional_text(data, "instruct", path, default=None) or None
-        description = _optional_text(data, "description", path, default="") or ""
-        fallback = data.get("fallback")
-        if fallback is not None and fallback not in _FALLBACKS:
-            raise VoiceError(f"{path}: field 'fallback' must be one of {list(_FALLBACKS)} or null")
-        wav_field = data.get("prompt_wav")
-        wav: Path | None = None
-        if wav_field is not None:
-            if not isinstance(wav_field, str) or not wav_field:
-                raise VoiceError(f"{path}: field 'prompt_wav' must be a file name")
-            wav = (self.directory / wav_field).resolve()
-            if not wav.is_file():
-                if fallback != "espeak":
-                    raise VoiceError(f"{path}: field 'prompt_wav': {wav} not found")
-                wav = self._espeak_prompt(name, prompt_text, path, wav)
-            try:
-                if wav.stat().st_size > MAX_PROMPT_BYTES:
-                    raise VoiceError(
-                        f"{path}: field 'prompt_wav': {wav} is larger than {MAX_PROMPT_BYTES} bytes"
-                    )
-                decode_prompt_wav(wav.read_bytes(), source=f"{path}: field 'prompt_wav' ({wav})")
-            except OSError as exc:
-                raise VoiceError(f"{path}: field 'prompt_wav': cannot read {wav}: {exc}") from exc
-        return VoicePreset(name, wav, prompt_text, instruct, description)
-
-    @staticmethod
-    def _read_text(path: Path) -> str:
-        with path.open("rb") as handle:
-            data = handle.read(MAX_PRESET_BYTES + 1)
-        if len(data) > MAX_PRESET_BYTES:
-            raise VoiceError(f"{path}: larger than {MAX_PRESET_BYTES} bytes; not a voice preset")
-        return data.decode("utf-8")
-
-    def _espeak_prompt(self, name: str, prompt_text: str, source: Path, missing: Path) -> Path:
-        """Speak ``prompt_text`` with espeak-ng into the cache folder: a robotic stand-in recording."""
-        from tts_engine.backends.espeak import AUTO_VOICE, resolve_voice  # only when a fallback is needed
-
-        if not prompt_text:
-            raise VoiceError(
-                f"{source}: prompt_wav {missing} is missing and there is no prompt_text to speak"
-            )
-        executable = shutil.which(self.espeak_executable)
-        if executable is None:
-            raise VoiceError(f"{source}: prompt_wav {missing} is missing and espeak-ng is not installed")
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        digest = hashlib.sha256(prompt_text.encode("utf-8")).hexdigest()[:16]
-        target = self.cache_dir / f"{name}.espeak.{digest}.wav"
-        if not target.is_file():
-            command = [executable, "--stdout", "-v", resolve_voice(AUTO_VOICE, prompt_text), "-s", "150"]
-            try:
-                done = subprocess.run(
-                    command, input=prompt_text.encode("utf-8"), capture_output=True, timeout=30
-                )
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                raise VoiceError(f"{source}: espeak-ng fallback failed: {exc}") from exc
-            if done.returncode != 0 or not done.stdout:
-                message = done.stderr.decode("utf-8", "replace").strip()
-                raise VoiceError(f"{source}: espeak-ng fallback failed: {message or done.returncode}")
-            _atomic_write(target, done.stdout)
-        log.warning(
-            "voice %r: %s is missing; using a robotic espeak-ng recording of its prompt_text instead "
-            "(run scripts/download_model.py to fetch the real prompt)",
-            name,
-            missing,
-        )
-        return target
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -409,7 +275,7 @@ class VoiceStore:
         wav_path = self.directory / f"{name}.{hashlib.sha256(data).hexdigest()[:16]}.wav"
         wrote = not (wav_path.is_file() and wav_path.read_bytes() == data)
         if wrote:
-            _atomic_write(wav_path, data)
+            atomic_write(wav_path, data)
         preset = VoicePreset(
             name, wav_path, prompt_text.strip(), (instruct or "").strip() or None, description.strip()
         )
@@ -428,7 +294,7 @@ class VoiceStore:
         }
         yaml_path = self.directory / f"{preset.name}.yaml"
         with self._lock:
-            _atomic_write(yaml_path, yaml.safe_dump(fields, allow_unicode=True, sort_keys=False).encode("utf-8"))
+            atomic_write(yaml_path, yaml.safe_dump(fields, allow_unicode=True, sort_keys=False).encode("utf-8"))
             previous = self._presets.get(preset.name)
             self._presets[preset.name] = preset
         if previous is not None and previous.prompt_wav != preset.prompt_wav:
@@ -450,7 +316,7 @@ class VoiceStore:
         with self._lock:
             preset = self.get(name)
             (self.directory / f"{name}.yaml").unlink(missing_ok=True)
-            _sync_dir(self.directory)
+            sync_dir(self.directory)
             self._presets.pop(name, None)
         self._remove_own_wav(preset)
         if self.cache_dir.is_dir():
