@@ -45,10 +45,30 @@ def make_generator(seed: int) -> torch.Generator:
     return torch.Generator(device="cpu").manual_seed(seed)
 
 
+def stable_top_k(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``k`` entries of ``probs.sort(descending=True, stable=True)`` (values, ids), without
+    sorting the whole vocabulary (a full sort of 6761 rows is most of a small model's decode step).
+
+    ``topk`` finds the k-th largest value ``v``; the kept ids are every id above ``v`` plus the
+    lowest-numbered ids equal to ``v`` up to ``k``, ordered by a stable sort of those few: the same
+    ids in the same order as the full stable sort, ties included. NaN falls back to the full sort.
+    """
+    k = min(k, probs.numel())
+    kth = torch.topk(probs, k, sorted=False).values.min()
+    if bool(torch.isnan(kth)):
+        values, ids = probs.sort(descending=True, stable=True)
+        return values[:k], ids[:k]
+    above = (probs > kth).nonzero()[:, 0]  # [< k] ascending ids
+    ties = (probs == kth).nonzero()[:, 0][: k - above.numel()]  # ascending ids, all below ``above``
+    ids = torch.cat([above, ties])  # [k]
+    values, order = probs[ids].sort(descending=True, stable=True)
+    return values, ids[order]
+
+
 def nucleus_candidates(probs: torch.Tensor, top_p: float, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Kept (probabilities, ids) of a 1-D fp32 CPU probability vector, most likely first."""
-    sorted_probs, sorted_ids = probs.sort(descending=True, stable=True)  # [V], [V]
-    head = sorted_probs[: min(top_k, sorted_probs.numel())].numpy()  # [<= top_k]
+    sorted_probs, sorted_ids = stable_top_k(probs, top_k)  # [<= top_k], [<= top_k]
+    head = sorted_probs.numpy()  # [<= top_k]
     # running sums exactly as a left-to-right fp32 accumulation (numpy accumulate is sequential)
     running = np.cumsum(head, dtype=np.float32)  # [<= top_k]
     # token i is kept while the sum of the tokens before it is still below top_p

@@ -2,7 +2,7 @@
 
     event loop                         engine thread (owns every backend call)
     ──────────                         ──────────────────────────────────────
-    synthesize() ── _NewRequest ──┐
+    synthesize() ── _NewRequests ─┐
     abort()/aclose() ── _Abort ───┼──> inbox (queue.Queue) ──> step(): schedule -> backend.step
     chunk consumed ── _RESUME ────┘                                    -> drain inbox -> update
     SynthesisStream <── loop.call_soon_threadsafe(chunk / end) <─────────────┘
@@ -13,7 +13,11 @@ thread's loop, step and delivery are the ``EngineLoop``'s (tts_engine/engine_loo
 ``TTSEngine`` holds; this module is the event-loop API. The thread blocks on the inbox whenever nothing is runnable (with a timeout only while a
 request waits for capacity, to fail it at ``max_queue_wait_s``): no polling. A request is runnable while
 its consumer holds fewer than ``max_buffered_chunks`` unread chunks (backpressure); the consumer wakes
-the thread when it takes a chunk at that bound. Aborts that arrive during a step are applied before
+the thread when it takes a chunk at that bound. Requests submitted in one event-loop tick reach the
+thread as one command (``_NewRequests``), so a burst (many streams starting at once) is admitted and
+prefilled in one step: were they put one by one, the thread could wake on the first and run a step
+for it alone, putting the others a step behind and making everyone's first hop wait for that lone
+one's. Aborts that arrive during a step are applied before
 its output is handed out, so an aborted request's chunks are never delivered. A step's audio is
 resampled and converted to int16 in batches on the backend's device (tts_engine/postprocess.py).
 
@@ -96,6 +100,7 @@ class TTSEngine:
         self._num_requests_rejected = 0
         self._num_submitted = 0  # requests put in the inbox
         self._calls: set[asyncio.Future[Any]] = set()  # call futures not resolved yet
+        self._unsent: list[EngineRequest] = []  # submitted this loop tick; sent together at its end
 
     # -- properties ----------------------------------------------------------------------------------
 
@@ -198,6 +203,7 @@ class TTSEngine:
         """Stop the thread after its current step, close the backend, fail open streams (EngineClosed)."""
         if not self._is_closed:
             self._is_closed = True
+            self._unsent.clear()  # never seen by the thread: failed below with the other open streams
             if not self._engine.is_started:
                 self._backend.close()
             else:
@@ -307,8 +313,16 @@ class TTSEngine:
         )  # fmt: skip
         self._streams[req_id] = stream
         self._num_submitted += 1
-        self._engine.submit(request)
+        if not self._unsent:
+            self._check_open().call_soon(self._send_unsent)
+        self._unsent.append(request)
         return stream
+
+    def _send_unsent(self) -> None:
+        """Hand this tick's new requests to the thread as one command (before any later command)."""
+        if self._unsent:
+            requests, self._unsent = self._unsent, []
+            self._engine.submit_many(requests)
 
     # -- voices --------------------------------------------------------------------------------------
 
@@ -328,6 +342,7 @@ class TTSEngine:
         """Run ``fn`` in the engine thread between two steps and return its result (or raise its error)."""
         future: asyncio.Future[Any] = self._check_open().create_future()
         self._calls.add(future)
+        self._send_unsent()  # keep the order the caller made its calls in
         self._engine.call(fn, future)
         return await asyncio.shield(future)  # a cancelled caller leaves the call to finish in the thread
 
@@ -354,6 +369,7 @@ class TTSEngine:
         self._engine.resume()
 
     def _send_abort(self, req_id: str) -> None:
+        self._send_unsent()  # the request must reach the thread before its abort
         self._engine.abort(req_id)
 
     def _forget_stream(self, stream: SynthesisStream) -> None:
