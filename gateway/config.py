@@ -262,9 +262,9 @@ class ASRConfig(_Section):
     # devices whose hello says features.aec (firmware built with CONFIG_USE_SERVER_AEC: the device
     # leaves echo cancellation to the server). With it on, realtime mode barges in on speech onset.
     aec: Literal["auto", "on", "off"] = "auto"
-    # Experimental (off: unfinished, issue 14): a linear canceller (SpeexDSP) beside AEC3 whose echo
-    # estimate detects the user talking over the reply and passes them unsuppressed (gateway/aec/stages.py)
-    aec_double_talk: bool = False
+    # A linear canceller (SpeexDSP) beside AEC3 whose echo estimate detects the user talking over the
+    # reply and passes them unsuppressed: barge-in found sooner (gateway/aec/stages.py); off: AEC3 alone
+    aec_double_talk: bool = True
     not_configured_reply: str = "语音识别还没有配置，请直接输入文字。"
     vad: VADConfig = Field(default_factory=VADConfig)
 

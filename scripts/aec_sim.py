@@ -45,14 +45,22 @@ def simulate(
     near_at_s: float = 0.0,
     noise_dbfs: float = -65.0,
     seed: int = 0,
-    linear: bool = False,
+    linear: bool = True,  # the double-talk stage beside AEC3 (asr.aec_double_talk, on by default)
+    pause_at_s: float | None = None,
+    pause_frames: int = 0,
+    device_late_ms: float = 0.0,
 ) -> SimResult:
+    """One reply through `path`; with `pause_at_s`, the server stops sending for `pause_frames`
+    frame periods there (synthesis fell behind), and the device resumes playing `device_late_ms`
+    later than the server's model says (its own pause was longer: delivery jitter)."""
     encoder = OpusEncoder(RATE, 60)
     packets = encoder.encode(reply.astype(np.int16)) + encoder.flush()
+    uplink_encoder, uplink_decoder = OpusEncoder(RATE, 60), OpusDecoder(RATE)  # the device's microphone codec
     canceller = EchoCanceller(EchoReference(), linear=linear)
     decoder = OpusDecoder(RATE)
     rng = np.random.default_rng(seed)
-    total = len(packets) + 10  # uplink frames: the reply and a little after
+    total = len(packets) + pause_frames + 10  # uplink frames: the reply and a little after
+    paused = len(packets) if pause_at_s is None else int(pause_at_s * 1000 / FRAME_MS)
     loudspeaker = np.zeros((total + 2) * FRAME, np.int16)
     stamps: list[tuple[float, int]] = []  # (device play start ms, stamp)
     t0 = 1000.0  # session clock (ms) when the reply starts
@@ -60,12 +68,14 @@ def simulate(
     cpu = 0.0
     for j in range(total):
         now = t0 + j * FRAME_MS
-        if j < len(packets):  # the server sends one packet per frame period (the pacer's steady state)
-            start = canceller.reference.add_packet(packets[j], now)
+        # the server sends one packet per frame period (the pacer's steady state), but for a pause
+        k = j if j < paused else j - pause_frames
+        if k < len(packets) and (j < paused or k >= paused):
+            start = canceller.reference.add_packet(packets[k], now)
             stamp = int(start)
-            play = start + play_lag_ms
+            play = start + play_lag_ms + (device_late_ms if k >= paused else 0.0)
             pos = int(round((play - t0) * RATE / 1000))
-            pcm = decoder.decode(packets[j])
+            pcm = decoder.decode(packets[k])
             loudspeaker[pos : pos + pcm.size] = pcm[: loudspeaker.size - pos]
             stamps.append((play, stamp))
         capture_start = now  # the device captures frame j over [now, now + 60 ms)
@@ -79,6 +89,8 @@ def simulate(
                 mic[first : first + part.size] += part
         mic += rng.standard_normal(FRAME) * 32768 * 10 ** (noise_dbfs / 20)
         mic = np.clip(mic, -32768, 32767).astype(np.int16)
+        # the uplink is Opus like a device's: codec noise a linear filter cannot cancel (~-15 dB of the echo)
+        mic = np.concatenate([uplink_decoder.decode(p) for p in uplink_encoder.encode(mic)])
         end = capture_start + FRAME_MS
         stamp = next((s for p, s in reversed(stamps) if p <= end and end - p < 120), 0) if timestamps else 0
         before = time.thread_time()

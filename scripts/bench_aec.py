@@ -1,10 +1,12 @@
 """Server-side AEC figures on the synthetic echo path (offline, simulated time).
 
-    python scripts/bench_aec.py [--replies 20] [--double-talk 10]
+    python scripts/bench_aec.py [--replies 20] [--double-talk 10] [--aec3-only]
 
 For each alignment (v2 timestamps; delay estimation alone) it plays espeak-ng
 replies through random echo paths (delay 40-250 ms, gain -6 to -20 dB, a room
-response, light clipping, -65 dBFS noise) into the real `EchoCanceller`, then
+response, light clipping, -65 dBFS noise, an Opus-coded uplink as a device
+sends it) into the real `EchoCanceller` (default configuration: AEC3 and the
+double-talk stage; `--aec3-only`: asr.aec_double_talk off), then
 runs the session's `Listener` (Silero VAD, default config) on the cleaned
 uplink exactly as a realtime session would. Reports ERLE after 3 s, the delay
 estimate's error, VAD onsets on echo alone (each one a false barge-in), the
@@ -115,12 +117,12 @@ def main() -> int:
     parser.add_argument("--double-talk", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--double-talk-detector",
+        "--aec3-only",
         action="store_true",
-        help="the experimental linear stage beside AEC3 (asr.aec_double_talk)",
+        help="without the linear double-talk stage beside AEC3 (asr.aec_double_talk: false)",
     )
     args = parser.parse_args()
-    linear = args.double_talk_detector
+    linear = not args.aec3_only
     for timestamps in (True, False):
         name = "v2 timestamps" if timestamps else "delay estimation"
         print(f"== {name}")

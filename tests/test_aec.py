@@ -52,20 +52,34 @@ def test_near_end_speech_survives_double_talk(reply):
 
 
 @pytest.mark.parametrize("timestamps", [True, False], ids=["v2-timestamps", "estimated"])
-def test_double_talk_detector_barges_in_within_400ms(reply, timestamps):
+def test_double_talk_barges_in_within_400ms(reply, timestamps):
     # "Stop" about as loud as the echo, 3.5 s into the first reply: AEC3 alone takes 20-40 dB off it
-    # and the session's VAD finds the user 820-1420 ms late; the experimental linear stage
-    # (asr.aec_double_talk) passes the user's speech
+    # and the session's VAD finds the user 640-1420 ms late; the linear stage beside it
+    # (asr.aec_double_talk, on by default) passes the user's speech
     near = utterance("Stop, tell me the time instead.", lead_s=0.0, tail_s=0.0).pcm
     at_s = 3.5
     path = lambda: EchoPath(delay_ms=130, gain_db=-11, rir=room_impulse_response(seed=11))  # noqa: E731
-    talked = simulate(reply, path(), timestamps=timestamps, near=near, near_at_s=at_s, seed=11, linear=True)
+    talked = simulate(reply, path(), timestamps=timestamps, near=near, near_at_s=at_s, seed=11)
     found = onsets(talked.out)
     assert found and at_s < found[0] <= at_s + 0.4
-    silent = simulate(reply, path(), timestamps=timestamps, seed=11, linear=True)
+    silent = simulate(reply, path(), timestamps=timestamps, seed=11)
     assert onsets(silent.out) == []  # the echo alone is never speech
     converged = slice(3 * RATE, reply.size)
     assert erle_db(silent.mic[converged], silent.out[converged]) >= 25
+
+
+@pytest.mark.parametrize("timestamps", [True, False], ids=["v2-timestamps", "estimated"])
+def test_echo_that_moves_when_playback_resumes_is_not_taken_for_speech(reply, timestamps):
+    # synthesis falls behind 3 s into the reply: we stop sending for 480 ms, and the device's own pause
+    # is 30 ms longer (delivery jitter). The linear filter, adapted to the old alignment, now leaves
+    # the echo whole: without a second look after the resume it let that through as the user talking.
+    path = EchoPath(delay_ms=130, gain_db=-11, rir=room_impulse_response(seed=11))
+    result = simulate(
+        reply, path, timestamps=timestamps, seed=11, pause_at_s=3.0, pause_frames=8, device_late_ms=30
+    )
+    assert onsets(result.out) == []
+    after = slice(int(3.5 * RATE), None)
+    assert erle_db(result.mic[after], result.out[after]) >= 25
 
 
 def test_long_delay_is_found_without_timestamps(reply):

@@ -5,7 +5,8 @@ and hears it through a synthetic echo path; its microphone goes back at real
 time, with v2 timestamps or (v1) without. Recognition is the clip-naming
 stand-in of tests/test_listen_modes.py (the tiny FunASR model cannot recognise
 real speech), so "recognised text intact" means: the utterance the recogniser
-got has the duration of the user's words, not of the echo.
+got has the duration of the user's words, not of the echo. The default
+configuration: AEC3 with the double-talk stage (asr.aec_double_talk).
 """
 
 from __future__ import annotations
@@ -63,11 +64,16 @@ async def test_echo_alone_never_barges_in(use_asr, version):  # noqa: F811
         count = await session_ended(gw, "xz_aec_erle_db_count")
         erle_sum = gw.services.metrics.registry.get_sample_value("xz_aec_erle_db_sum")
         aborted = gw.services.metrics.registry.get_sample_value("xz_turns_aborted_total")
+        alignment = "timestamps" if version == 2 else "estimated"
+        aligned = gw.services.metrics.registry.get_sample_value(
+            "xz_aec_sessions_total", {"alignment": alignment}
+        )
     assert asr.calls == []  # the echo was never taken for speech
     assert not [r for r in sim.records if isinstance(r.event, TtsStop)]  # the reply played on
     assert [r.event.text for r in sim.records if isinstance(r.event, Stt)] == [QUERY]
     assert aborted == 0
     assert count == 1 and erle_sum >= 20
+    assert aligned == 1  # a v2 device's timestamps were used (its stamps trail the frames it sends)
 
 
 @pytest.mark.parametrize("version", [2, 1], ids=["v2-timestamps", "v1-estimated"])

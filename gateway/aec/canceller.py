@@ -1,26 +1,26 @@
 """Per-session echo canceller: uplink PCM in, uplink PCM with our reply's echo removed out.
 
 The cancelling itself is done by libraries (stages.py): WebRTC's AEC3 through
-`livekit` (why that binding: stages.py), and, experimentally, SpeexDSP's linear
-filter beside it (speex.py). AEC3 costs ~1.1 % of a core per session, with the
-linear stage ~1.8 % (scripts/bench_aec.py), so it runs on the event loop.
+`livekit` (why that binding: stages.py), and SpeexDSP's linear filter beside it
+(speex.py). While a reply plays AEC3 costs ~1.2 % of a core per session, with
+the linear stage ~1.9 % (scripts/bench_aec.py), so it runs on the event loop.
 
 Alignment: each uplink frame is given the reference that the device played
 when the frame was captured.
 
 * v2 timestamps: every downlink packet carries its play start (ms on the
   session clock); a server-AEC device copies the timestamp of the packet it
-  just played into its next uplink packets, so `capture time - timestamp`
+  just played into its next uplink packets, so `end of capture - timestamp`
   measures how late the device plays against our model (median of the last few).
-* otherwise (v1/v3, or a device that stamps nothing): the reference is read at
-  the frame's capture time, and `DelayEstimator` measures the echo delay; a
-  delay past what AEC3 covers comfortably shifts the reference.
+* otherwise (v1/v3, or a device that stamps nothing): the reference is read
+  ASSUMED_LAG_MS before the frame's capture time, and `DelayEstimator` measures
+  the echo delay; a delay past what AEC3 covers comfortably shifts the reference.
 
 The capture time of an uplink frame comes from counting its samples from an
 anchor (the arrival of the first frame less its duration); the anchor is reset
 when arrivals drift away from the count (the device paused its microphone).
 
-Double talk (experimental, `linear=True`, config `asr.aec_double_talk`):
+Double talk (`linear=True`, config `asr.aec_double_talk`, on by default):
 AEC3's suppressor takes 20-40 dB off the first 100-150 ms of speech that is
 about as loud as the echo, so the VAD can miss a barge-in. Once
 `DelayEstimator` has measured the delay (a first estimate from 0.5 s of the
@@ -31,6 +31,8 @@ estimate shows the user talking, its output replaces AEC3's for that 10 ms.
 AEC3's own path is unchanged. Until the stage shows it converged it is rebuilt
 at each new estimate (every 0.5 s, more audio each time: converged ~1.5-2 s
 into the first reply); after that only for a move two estimates agree on.
+Where the reference resumes after a pause in playback, the stage is told to
+doubt its filter (stages.LinearStage.doubt).
 """
 
 from __future__ import annotations
@@ -51,6 +53,11 @@ log = logging.getLogger(__name__)
 REANCHOR_MS = 250.0  # arrivals this far from the sample count: the stream restarted
 SHIFT_ABOVE_MS = 500.0  # estimated delays beyond this shift the reference (AEC3 measured fine to 600)
 SHIFT_MARGIN_MS = 60.0  # ... leaving AEC3 this much delay to find itself
+# without timestamps, the echo is at least this late on our play-time model (the device's output
+# buffers, the network both ways): reading the reference this much earlier spares AEC3 a search
+# that made it leak echo 1-2 s into a first reply (bench, Opus uplink: false barge-ins in 3 of
+# 40 echo-only replies at 0 ms, none at 20)
+ASSUMED_LAG_MS = 20.0
 ACTIVE_RMS = 50.0  # a reference frame this loud counts towards ERLE
 CONVERGE_S = 1.0  # reference playing this long before ERLE counts
 REALIGN_MS = 15.0  # a delay estimate this far from the linear stage's alignment rebuilds it
@@ -83,7 +90,7 @@ class EchoCanceller:
         self._anchor_ms: float | None = None
         self._samples = 0
         self._offsets: deque[float] = deque(maxlen=9)  # capture time - v2 timestamp, recent
-        self._shift_ms = 0.0
+        self._shift_ms = ASSUMED_LAG_MS
         self._active_s = 0.0
         self._mic_energy = 0.0
         self._out_energy = 0.0
@@ -97,18 +104,23 @@ class EchoCanceller:
         if not pcm.size:
             return pcm
         capture_ms = self._capture_time(pcm.size, arrival_ms)
-        if timestamp_ms:
-            self._note_timestamp(capture_ms, timestamp_ms)
+        if timestamp_ms:  # the stamp of the packet playing as the frame's capture ended
+            self._note_timestamp(capture_ms + pcm.size / SAMPLES_PER_MS, timestamp_ms)
         ref_start = capture_ms - self._offset_ms()
         ref = self.reference.read(ref_start, pcm.size)
         out = self._aec3.run(pcm, ref)
         if self._linear is not None:
             # the stage's alignment is absolute (base offset + delay when built): a v2 median that
             # moves by a few ms must not move the reference under an adapted filter
-            aligned = self.reference.read(capture_ms - self._linear.delay_ms + LEAD_MS, pcm.size)
-            linear, double_talk = self._linear.run(pcm, aligned)
-            for k in np.flatnonzero(double_talk):  # the user talks: the linear output has them whole
-                out[k * CHUNK : (k + 1) * CHUNK] = linear[k * CHUNK : (k + 1) * CHUNK]
+            aligned_ms = capture_ms - self._linear.delay_ms + LEAD_MS
+            if self._resumed_in(aligned_ms, aligned_ms + pcm.size / SAMPLES_PER_MS):
+                self._linear.doubt()  # the device's pause may have differed: the echo may have moved
+            aligned = self.reference.read(aligned_ms, pcm.size)
+            ran = self._linear.run(pcm, aligned)  # None: nothing played lately
+            if ran is not None:  # where the user talks, the linear output has them whole
+                linear, double_talk = ran
+                for k in np.flatnonzero(double_talk):
+                    out[k * CHUNK : (k + 1) * CHUNK] = linear[k * CHUNK : (k + 1) * CHUNK]
         self.frames += 1
         self._account(pcm, ref, out)
         if self._use_linear:
@@ -124,6 +136,9 @@ class EchoCanceller:
                 self._realign(estimate)
             self._last_estimate = estimate
         return out
+
+    def _resumed_in(self, start_ms: float, end_ms: float) -> bool:
+        return any(start_ms <= t < end_ms for t in self.reference.resumes)
 
     def _moves_linear(self, estimate: float) -> bool:
         """Whether a new delay estimate rebuilds the linear stage.

@@ -12,6 +12,8 @@ last few seconds, and anything not sent reads as silence.
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
 from audio_codecs.opus import OpusDecodeError, OpusDecoder
@@ -26,6 +28,9 @@ class EchoReference:
         self._end = 0  # absolute sample index after the last written sample
         self._decoder = OpusDecoder(RATE)
         self.play_end_ms = 0.0  # when the device will have played everything sent so far
+        # where playback resumed after running dry (ms): the device's pause there may have been a few
+        # ms longer or shorter than ours (delivery jitter), so the echo may sit elsewhere after it
+        self.resumes: deque[float] = deque(maxlen=32)
 
     def add_packet(self, packet: bytes, now_ms: float) -> float:
         """Records one downlink Opus packet; returns its play start (ms)."""
@@ -37,6 +42,8 @@ class EchoReference:
 
     def add_pcm(self, pcm: np.ndarray, now_ms: float) -> float:
         start_ms = max(now_ms, self.play_end_ms)
+        if start_ms > self.play_end_ms:
+            self.resumes.append(start_ms)
         self.play_end_ms = start_ms + pcm.size / SAMPLES_PER_MS
         self._write(int(round(start_ms * SAMPLES_PER_MS)), pcm.astype(np.int16, copy=False))
         return start_ms

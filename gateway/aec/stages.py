@@ -8,20 +8,27 @@ residual-echo suppressor give 40+ dB of ERLE. It also suppresses the first
 `aec-audio-processing` (another AEC3 binding) ships only an sdist that needs a
 C++ toolchain at install. Both libraries work in 10 ms frames at 16 kHz.
 
-`LinearStage` (experimental): SpeexDSP's linear filter on the uplink, beside
-AEC3, given the reference pre-aligned by the measured delay. Its own echo
-estimate (its input less its output) tells where the user talks: with the echo
-alone a converged filter leaves ~25 dB under that estimate; where it leaves
-more than -10 dB of it (and more than a floor), the 10 ms chunk is the user's
-speech over the echo, and the linear output (speech whole, echo ~-25 dB) is
-used instead of AEC3's (speech ducked). The filter must first have shown that
-it converged, on live audio: a new stage is first run 3 times over the last
-couple of seconds of uplink (`warm_up`; converged ~1.5-2 s into the first
-reply instead of ~2.5-3), but a filter trained on little audio has not learnt
-every sound of the reply yet and leaves loud echo where a new one comes (2-3
-false barge-ins in 20 in the bench). So for its first 100 chunks with echo
-after converging a chunk must also pass Geigel's test: the microphone peaks
-above what the echo path usually makes of the reference's recent peak.
+`LinearStage` (on by default, config `asr.aec_double_talk`): SpeexDSP's linear
+filter on the uplink, beside AEC3, given the reference pre-aligned by the
+measured delay. Its own echo estimate (its input less its output) tells where
+the user talks. The uplink is Opus-coded, and its codec noise is echo that no
+linear filter removes: with the echo alone a converged filter leaves ~-15 dB of
+its echo estimate (a 10 ms chunk now and then ~-5 dB). A chunk is the user's
+speech over the echo when (1) the filter has shown that it converged (half the
+recent chunks with echo left under -10 dB), (2) it left more than -5 dB of the
+estimate (and more than a floor), and (3) Geigel's test passes: the microphone
+peaks above what the echo path usually makes of the reference's recent peak
+(codec noise passes (2) at times, never (3)). There the linear output (speech
+whole) replaces AEC3's (speech ducked), and a chunk that left +5 dB over the
+estimate holds that for 150 ms: speech is continuous, the tests are not, and
+the VAD needs whole syllables. A new stage is first run 3 times over the last
+couple of seconds of uplink (`warm_up`: converged ~1.5-2 s into the first
+reply instead of ~2.5-3). Where playback resumes after running dry, the
+device's pause may have been a few ms longer or shorter than ours, which moves
+the echo against the filter (a filter 30 ms off leaves the echo whole, and it
+passes every test): the canceller calls `doubt`, and the stage detects no
+double talk until it has shown again that it cancels. While the reference has
+been silent for longer than the filter's span the stage does not run at all.
 
 Tried and dropped: the linear filter in front of AEC3 (a cascade) found every
 bench barge-in in time, but in the real-time loopback test
@@ -37,7 +44,6 @@ from collections import deque
 
 import numpy as np
 from livekit import rtc
-from numpy.lib.stride_tricks import sliding_window_view
 
 from gateway.aec.reference import RATE
 from gateway.aec.speex import SpeexEchoCanceller, SpeexUnavailable
@@ -48,9 +54,12 @@ CHUNK = RATE // 100  # both libraries take 10 ms frames
 LINEAR_TAPS = 1024  # the linear filter: 64 ms of echo response from the aligned delay on
 NEAR_FLOOR_RMS = 100.0  # double talk needs this much left after the linear filter (-50 dBFS)
 ECHO_FLOOR_RMS = 100.0  # chunks with this much predicted echo tell how well the linear stage cancels
-CONVERGED_DB = -18.0  # ... it has converged when 3 in 4 of them left less than this
-NEAR_TO_ECHO = 0.1  # ... and at least this share of the echo's power it predicted (-10 dB; echo alone: ~-25)
-PROVEN_CHUNKS = 100  # a filter converged for this many chunks with echo no longer needs Geigel's test
+CONVERGED_SHARE = 10 ** (-10.0 / 10)  # ... it has converged when half of them left less than -10 dB
+NEAR_TO_ECHO = 0.3  # ... and at least this share of the echo it predicted (-5 dB; echo alone: ~-15, Opus)
+GEIGEL_LEARNT = 20  # Geigel's test needs this many echo-alone chunks to know the echo path's gain
+SILENT_CHUNKS = 8  # the aligned reference silent this long (> LEAD_MS + the filter's span): nothing to do
+HOLD_TO_ECHO = 3.0  # talk that left this share of the echo (+5 dB) ...
+HOLD_CHUNKS = 15  # ... holds talk this many chunks on
 GEIGEL_CHUNKS = 7  # the reference's recent peak: over the filter's span (64 ms + LEAD_MS)
 GEIGEL_REF_FLOOR = 1000.0  # ... learnt from chunks whose reference peaked above this (-30 dBFS)
 GEIGEL_MARGIN = 0.7  # ... double talk peaks above this times the echo path's usual peak gain
@@ -62,6 +71,8 @@ class Aec3:
 
     def __init__(self) -> None:
         self._apm = rtc.AudioProcessingModule(echo_cancellation=True, high_pass_filter=True)
+        # AEC3 estimates the delay itself; set once (each call is an FFI round trip, ~12 % of AEC3's cost)
+        self._apm.set_stream_delay_ms(0)
 
     def run(self, mic: np.ndarray, ref: np.ndarray) -> np.ndarray:
         """Cleans `mic` against `ref` (same length, int16); a trailing part under 10 ms passes as it is."""
@@ -70,7 +81,6 @@ class Aec3:
             far = rtc.AudioFrame(ref[i : i + CHUNK].tobytes(), RATE, 1, CHUNK)
             self._apm.process_reverse_stream(far)
             near = rtc.AudioFrame(mic[i : i + CHUNK].tobytes(), RATE, 1, CHUNK)
-            self._apm.set_stream_delay_ms(0)  # AEC3 estimates the delay itself
             self._apm.process_stream(near)
             out[i : i + CHUNK] = np.frombuffer(near.data, np.int16)
         return out
@@ -82,10 +92,12 @@ class LinearStage:
     def __init__(self, delay_ms: float) -> None:
         self.delay_ms = delay_ms
         self._speex = SpeexEchoCanceller(frame=CHUNK, filter_length=LINEAR_TAPS, rate=RATE)
-        self._left_db: deque[float] = deque(maxlen=100)  # left / echo of recent 10 ms chunks with echo
+        self._below: deque[bool] = deque(maxlen=100)  # recent chunks with echo: left well under it?
         self._gains: deque[float] = deque(maxlen=300)  # mic peak / recent reference peak, echo alone
         self._ref_peaks = np.zeros(GEIGEL_CHUNKS - 1)
-        self._proven = 0  # chunks with echo seen since the filter first showed it converged
+        self._silent = SILENT_CHUNKS  # chunks since the aligned reference last had a sample
+        self.converged = False
+        self._hold = 0
 
     @staticmethod
     def create(delay_ms: float) -> LinearStage | None:
@@ -107,50 +119,80 @@ class LinearStage:
         for _ in range(passes):
             for mic, ref in frames:
                 self.run(mic, ref)
-        self._left_db.clear()
-        self._proven = 0
+        self._below.clear()
+        self.converged = False
 
-    @property
-    def converged(self) -> bool:
-        """The filter has shown it cancels: 3 in 4 of the recent chunks with echo left well under it."""
-        return len(self._left_db) >= self._left_db.maxlen // 2 and (
-            float(np.percentile(self._left_db, 25)) < CONVERGED_DB
-        )
+    def doubt(self) -> None:
+        """The echo may have moved against the filter (playback resumed after a pause): no double
+        talk until the filter has shown again that it cancels."""
+        self._below.clear()
+        self.converged = False
+        self._hold = 0
 
-    def run(self, mic: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The linear filter's output for the whole 10 ms chunks of `mic`, and which are double talk."""
+    def run(self, mic: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """The linear filter's output for the whole 10 ms chunks of `mic`, and which are double talk.
+
+        None while the aligned reference has been silent for longer than the filter's span:
+        there is no echo to cancel, nothing for the filter to learn, and AEC3's output is
+        the one to use (this keeps the stage's cost to the times we play).
+        """
         whole = mic.size - mic.size % CHUNK
-        linear = np.empty(whole, np.int16)
-        for i in range(0, whole, CHUNK):
-            linear[i : i + CHUNK] = self._speex.cancel(mic[i : i + CHUNK], ref[i : i + CHUNK])
         if not whole:
-            return linear, np.zeros(0, bool)
+            return None
+        heard = np.abs(ref[:whole].reshape(-1, CHUNK)).max(axis=1) > 0
+        if self._silent >= SILENT_CHUNKS and not heard.any():
+            return None
+        last = np.flatnonzero(heard)
+        self._silent = whole // CHUNK - 1 - int(last[-1]) if last.size else self._silent + whole // CHUNK
+        linear = self._speex.cancel(mic[:whole], ref[:whole])
         return linear, self._double_talk(mic[:whole], ref[:whole], linear)
 
     def _double_talk(self, mic: np.ndarray, ref: np.ndarray, linear: np.ndarray) -> np.ndarray:
-        """Per 10 ms chunk: what the linear filter left is loud against the echo it predicted.
+        """Per 10 ms chunk: the user talks over the echo (both tests below pass).
 
-        Only once the filter has shown it cancels (3 in 4 of the recent chunks with echo in
-        them left well under the echo): an unconverged filter leaves echo, not speech.
+        1. What the linear filter left is loud against the echo it predicted; only once the
+           filter has shown it cancels (half the recent chunks with echo left well under it):
+           an unconverged filter leaves echo, not speech.
+        2. Geigel's test: the microphone peaks above anything the echo path has made of the
+           reference's loudest recent sample. The uplink is Opus-coded: its codec noise
+           (~-15 dB of the echo, often -5 dB in a 10 ms chunk) is echo no linear filter can
+           remove, and passes the first test alone (false barge-ins in the real-time test).
         """
         left = np.mean(linear.astype(np.float64).reshape(-1, CHUNK) ** 2, axis=1)
         echo = np.mean((mic.astype(np.float64) - linear).reshape(-1, CHUNK) ** 2, axis=1)
-        # Geigel's test beside it: the microphone peaks above anything the echo path has made of the
-        # reference's loudest recent sample (a filter that has not learnt a sound yet leaves echo
-        # that passes the first test, not this one)
         mic_peak = np.abs(mic.reshape(-1, CHUNK)).max(axis=1).astype(np.float64)
         peaks = np.concatenate([self._ref_peaks, np.abs(ref.reshape(-1, CHUNK)).max(axis=1)])
-        window = sliding_window_view(peaks, GEIGEL_CHUNKS).max(axis=1) + 1.0
+        n = peaks.size - GEIGEL_CHUNKS + 1
+        window = peaks[:n].copy()
+        for k in range(1, GEIGEL_CHUNKS):  # the running max over GEIGEL_CHUNKS chunks
+            np.maximum(window, peaks[k : k + n], out=window)
+        window += 1.0
         self._ref_peaks = peaks[-(GEIGEL_CHUNKS - 1) :]
         gain = mic_peak / window
         talk = (left > NEAR_FLOOR_RMS**2) & (left > echo * NEAR_TO_ECHO)
-        if not self.converged or not self._gains:
+        if not self.converged or len(self._gains) < GEIGEL_LEARNT:
             talk[:] = False
-        elif self._proven < PROVEN_CHUNKS:
+        elif talk.any():
             talk &= gain > GEIGEL_MARGIN * float(np.percentile(self._gains, 95))
+        talk = self._hold_on(talk, left > echo * HOLD_TO_ECHO)
         with_echo = (echo > ECHO_FLOOR_RMS**2) & ~talk  # the user's speech says nothing of the filter
-        self._left_db.extend(10 * np.log10(np.maximum(left[with_echo], 1.0) / echo[with_echo]))
-        self._gains.extend(gain[with_echo & (window > GEIGEL_REF_FLOOR)])
-        if self.converged:
-            self._proven += int(with_echo.sum())
+        below_now = (left[with_echo] < echo[with_echo] * CONVERGED_SHARE).tolist()
+        self._below.extend(below_now)
+        self._gains.extend(gain[with_echo & (window > GEIGEL_REF_FLOOR)].tolist())
+        below = self._below
+        self.converged = len(below) >= below.maxlen // 2 and sum(below) >= 0.5 * len(below)
         return talk
+
+    def _hold_on(self, talk: np.ndarray, strong: np.ndarray) -> np.ndarray:
+        """A talk chunk that left well above the echo holds talk for HOLD_CHUNKS: speech is
+        continuous, the tests are not (a syllable's quiet parts, the echo's loud ones), and the
+        VAD needs whole syllables. Weak ones do not: a filter the echo has slipped away from a
+        little (timing jitter) leaves about as much as the echo, at times taken for talk."""
+        held = talk.copy()
+        for k in range(talk.size):
+            if talk[k] and strong[k]:
+                self._hold = HOLD_CHUNKS
+            elif self._hold:
+                self._hold -= 1
+                held[k] = True
+        return held
