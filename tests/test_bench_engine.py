@@ -41,6 +41,28 @@ def test_bench_engine_prints_a_row_per_engine_and_the_ratios(
     assert re.search(r"streams=2: aggregate audio/s batched / one-at-a-time = \d+\.\d\dx", "\n".join(lines))
 
 
+def test_flow_cache_compare_prints_interleaved_rounds_and_the_ratio_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "--streams", "2", "--tokens-per-sentence", "30", "--sentences", "2", "--threads", "1",
+        "--max-lead-s", "0.5", "--model-dir", str(tmp_path / "tiny"), "--prompt-seconds", "2",
+        "--flow-cache", "compare", "--compare-repeats", "2",
+    ]  # fmt: skip
+    threads = torch.get_num_threads()
+    try:
+        assert bench_engine.main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)
+    lines = capsys.readouterr().out.splitlines()
+    labels = [line.split()[0] for line in lines if line.split()[:1] in (["cache-on"], ["cache-off"], ["cap-on"], ["cap-off"])]
+    assert labels == ["cache-on", "cache-off", "cap-on", "cap-off"] * 2  # interleaved rounds
+    assert re.search(
+        r"streams=2: flow cache on / off aggregate audio/s = \d+\.\d\dx; first-chunk p95 off / on = \d+\.\d\dx",
+        "\n".join(lines),
+    )
+
+
 class _StallingEngine:
     """Stands in for a TTSEngine: 0.1 s chunks, the first after 20 ms, then a 0.6 s stall mid-sentence."""
 
