@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from cosyvoice.flow import DiTConfig, Flow, FlowConfig
 from cosyvoice.flow.chunk_cache import FlowCacheManager, FlowRowCache, segment_bytes
+from cosyvoice.flow.incremental import row_groups
 from tests.test_cosy_flow import VOCAB, single_thread, tiny_config  # noqa: F401 - single_thread: autouse
 
 ATOL = 1e-5
@@ -255,3 +256,11 @@ def test_parity_token2wav_cases_pass_with_the_flow_cache_on() -> None:
                     <= spec_i["atol"] + spec_i["rtol"] * ref.double().abs()
                 ).all()
     assert manager.counts["voice_hits"] >= 1 and manager.stream_bytes == 0
+
+
+def test_rows_of_very_different_lengths_are_solved_in_separate_calls() -> None:
+    # cached hops of ~100 new frames beside closing full passes of ~500: never padded to 500
+    groups = row_groups([100, 500, 96, 480, 100], [350, 0, 350, 0, 400])
+    assert sorted(groups) == [[0, 2, 4], [1, 3]]
+    assert row_groups([100, 90, 100], [0, 0, 0]) == [[0, 1, 2]]  # alike: one call
+    assert row_groups([500], [0]) == [[0]]

@@ -309,22 +309,56 @@ def solve_with_caches(
     if not any(starts) and not any(keep):
         return None
     lengths = [f - s for f, s in zip(frames, starts, strict=True)]
-    new, total = max(lengths), max(starts) + max(lengths)
-    offset = torch.arange(new, device=device)
-    pos = torch.tensor(starts, device=device)[:, None] + offset  # [B, Tn] absolute frames
-    valid = (offset < torch.tensor(lengths, device=device)[:, None]).unsqueeze(-1)  # [B, Tn, 1]
-    index = pos.unsqueeze(-1).expand(-1, -1, mu.shape[-1])
-    zero = torch.zeros((), device=device, dtype=mu.dtype)
-    mu_new, cond_new = (
-        torch.where(valid, F.pad(t, (0, 0, 0, total - t.shape[1])).gather(1, index), zero) for t in (mu, cond)
-    )  # [B, Tn, 80] each
-    x, captured = solve_cached(
-        cfm, mu_new, cond_new, spk, starts, lengths, streaming, past, keep,
-        n_timesteps=n_timesteps, cfg_rate=rate, temperature=temperature,
-    )  # fmt: skip
-    feat = torch.zeros(batch, total, x.shape[-1], device=device, dtype=x.dtype)
-    feat.scatter_(1, index, torch.where(valid, x, torch.zeros((), device=device, dtype=x.dtype)))
+    feat = torch.zeros(batch, mu.shape[1], mu.shape[-1], device=device, dtype=torch.float32)
+    captured: list[list[ChunkSegment]] = [[] for _ in range(batch)]
+    for rows in row_groups(lengths, starts):
+        pick = torch.tensor(rows, device=device)
+        r_starts, r_lengths = [starts[b] for b in rows], [lengths[b] for b in rows]
+        new, total = max(r_lengths), max(r_starts) + max(r_lengths)
+        offset = torch.arange(new, device=device)
+        pos = torch.tensor(r_starts, device=device)[:, None] + offset  # [G, Tn] absolute frames
+        valid = (offset < torch.tensor(r_lengths, device=device)[:, None]).unsqueeze(-1)  # [G, Tn, 1]
+        index = pos.unsqueeze(-1).expand(-1, -1, mu.shape[-1])
+        zero = torch.zeros((), device=device, dtype=mu.dtype)
+        mu_new, cond_new = (
+            torch.where(valid, F.pad(t[pick], (0, 0, 0, max(0, total - t.shape[1]))).gather(1, index), zero)
+            for t in (mu, cond)
+        )  # [G, Tn, 80] each
+        x, got = solve_cached(
+            cfm, mu_new, cond_new, spk[pick], r_starts, r_lengths, [streaming[b] for b in rows],
+            [past[b] for b in rows], [keep[b] for b in rows],
+            n_timesteps=n_timesteps, cfg_rate=rate, temperature=temperature,
+        )  # fmt: skip
+        rows_feat = torch.zeros(len(rows), max(total, mu.shape[1]), x.shape[-1], device=device, dtype=torch.float32)
+        rows_feat.scatter_(1, index, torch.where(valid, x, torch.zeros((), device=device, dtype=x.dtype)))
+        feat[pick] = rows_feat[:, : mu.shape[1]]
+        for b, segments in zip(rows, got, strict=True):
+            captured[b] = segments
     for b, cache in enumerate(caches):
         if cache is not None and streaming[b] and not finalize[b]:
             cache.store(key, past[b], captured[b], voice_ends[b])
-    return feat[:, : mu.shape[1]]
+    return feat
+
+
+PAD_SLACK = 1.25  # a group's padded frames may be at most this times its rows' own new frames
+
+
+def row_groups(lengths: Sequence[int], starts: Sequence[int]) -> list[list[int]]:
+    """Rows split into solve calls so that none is padded far past its own work.
+
+    One call pads every row to the longest row's new frames: a cached hop of 100 new frames beside a
+    closing full pass of 500 would compute 500 (the DiT's matrix multiplies, most of the work, scale
+    with the frames). Rows sorted by new frames (longest first) join the current group while its padded
+    frames stay within ``PAD_SLACK`` times its rows' own. Exact: each row's frames depend on that row
+    alone.
+    """
+    order = sorted(range(len(lengths)), key=lambda b: (-lengths[b], -starts[b]))
+    groups: list[list[int]] = []
+    for b in order:
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= PAD_SLACK * (
+            sum(lengths[r] for r in groups[-1]) + lengths[b]
+        ):
+            groups[-1].append(b)
+        else:
+            groups.append([b])
+    return [sorted(group) for group in groups]
