@@ -3,7 +3,7 @@
 The cancelling itself is done by libraries (stages.py): WebRTC's AEC3 through
 `livekit` (why that binding: stages.py), and SpeexDSP's linear filter beside it
 (speex.py). While a reply plays AEC3 costs ~1.2 % of a core per session, with
-the linear stage ~1.9 % (scripts/bench_aec.py), so it runs on the event loop.
+the linear stage ~1.8 % (scripts/bench_aec.py), so it runs on the event loop.
 
 Alignment: each uplink frame is given the reference that the device played
 when the frame was captured.
@@ -33,6 +33,14 @@ at each new estimate (every 0.5 s, more audio each time: converged ~1.5-2 s
 into the first reply); after that only for a move two estimates agree on.
 Where the reference resumes after a pause in playback, the stage is told to
 doubt its filter (stages.LinearStage.doubt).
+
+Early guard (with the linear stage): AEC3 can leak echo ~0.8-1.7 s into a
+session's first reply, only ~10 dB under the microphone (bench, --seed 1: a
+false barge-in at 1.4 s). For the first GUARD_S of reply played, a 10 ms chunk
+that the stage does not take for talk and whose microphone peak is no louder
+than the echo path usually makes of the reference's recent peak (Geigel,
+stages.LinearStage.echo_like) is muted: there it can only be echo. Speech
+louder than the echo passes, and so does all that the stage takes for talk.
 """
 
 from __future__ import annotations
@@ -58,6 +66,7 @@ SHIFT_MARGIN_MS = 60.0  # ... leaving AEC3 this much delay to find itself
 # that made it leak echo 1-2 s into a first reply (bench, Opus uplink: false barge-ins in 3 of
 # 40 echo-only replies at 0 ms, none at 20)
 ASSUMED_LAG_MS = 20.0
+GUARD_S = 2.0  # AEC3 may leak echo this early in a session (s of reply played): the early guard
 ACTIVE_RMS = 50.0  # a reference frame this loud counts towards ERLE
 CONVERGE_S = 1.0  # reference playing this long before ERLE counts
 REALIGN_MS = 15.0  # a delay estimate this far from the linear stage's alignment rebuilds it
@@ -121,6 +130,9 @@ class EchoCanceller:
                 linear, double_talk = ran
                 for k in np.flatnonzero(double_talk):
                     out[k * CHUNK : (k + 1) * CHUNK] = linear[k * CHUNK : (k + 1) * CHUNK]
+                if self._active_s < GUARD_S:
+                    for k in np.flatnonzero(self._linear.echo_like()):
+                        out[k * CHUNK : (k + 1) * CHUNK] = 0
         self.frames += 1
         self._account(pcm, ref, out)
         if self._use_linear:

@@ -18,10 +18,16 @@ speech over the echo when (1) the filter has shown that it converged (half the
 recent chunks with echo left under -10 dB), (2) it left more than -5 dB of the
 estimate (and more than a floor), and (3) Geigel's test passes: the microphone
 peaks above what the echo path usually makes of the reference's recent peak
-(codec noise passes (2) at times, never (3)). There the linear output (speech
-whole) replaces AEC3's (speech ducked), and a chunk that left +5 dB over the
-estimate holds that for 150 ms: speech is continuous, the tests are not, and
-the VAD needs whole syllables. A new stage is first run 3 times over the last
+(codec noise passes (2) at times, never (3)). A chunk that left +5 dB over the
+estimate is talk even where (3) fails: at a barge-in's start the two tests
+often pass in alternate chunks, and the VAD, given the speech piecemeal,
+found it up to 470 ms late. There the linear output (speech whole) replaces
+AEC3's (speech ducked), and a chunk that passed all three tests and left +5 dB
+over the estimate holds that for 150 ms: speech is continuous, the tests are
+not, and the VAD needs whole syllables (one +5 dB chunk of echo alone, held,
+was a false barge-in in the bench; unheld it is 10 ms the VAD ignores).
+`echo_like` (the chunks that fail (3) and are not talk) serves the canceller's
+early guard (canceller.py). A new stage is first run 3 times over the last
 couple of seconds of uplink (`warm_up`: converged ~1.5-2 s into the first
 reply instead of ~2.5-3). Where playback resumes after running dry, the
 device's pause may have been a few ms longer or shorter than ours, which moves
@@ -63,6 +69,7 @@ HOLD_CHUNKS = 15  # ... holds talk this many chunks on
 GEIGEL_CHUNKS = 7  # the reference's recent peak: over the filter's span (64 ms + LEAD_MS)
 GEIGEL_REF_FLOOR = 1000.0  # ... learnt from chunks whose reference peaked above this (-30 dBFS)
 GEIGEL_MARGIN = 0.7  # ... double talk peaks above this times the echo path's usual peak gain
+GUARD_GAIN = 1.0  # echo_like before the echo path's peak gain is learnt: 0 dB, more than any path
 LEAD_MS = 10.0  # the aligned reference runs this far ahead of the echo (estimate error; causal filter)
 
 
@@ -98,6 +105,8 @@ class LinearStage:
         self._silent = SILENT_CHUNKS  # chunks since the aligned reference last had a sample
         self.converged = False
         self._hold = 0
+        self._last_gain = np.zeros(0)  # per chunk of the last `run`: microphone peak / reference's
+        self._last_talk = np.zeros(0, bool)
 
     @staticmethod
     def create(delay_ms: float) -> LinearStage | None:
@@ -148,7 +157,8 @@ class LinearStage:
         return linear, self._double_talk(mic[:whole], ref[:whole], linear)
 
     def _double_talk(self, mic: np.ndarray, ref: np.ndarray, linear: np.ndarray) -> np.ndarray:
-        """Per 10 ms chunk: the user talks over the echo (both tests below pass).
+        """Per 10 ms chunk: the user talks over the echo (both tests below pass, or the first
+        one by far: what the filter left is +5 dB over its echo estimate).
 
         1. What the linear filter left is loud against the echo it predicted; only once the
            filter has shown it cancels (half the recent chunks with echo left well under it):
@@ -170,11 +180,15 @@ class LinearStage:
         self._ref_peaks = peaks[-(GEIGEL_CHUNKS - 1) :]
         gain = mic_peak / window
         talk = (left > NEAR_FLOOR_RMS**2) & (left > echo * NEAR_TO_ECHO)
+        strong = left > echo * HOLD_TO_ECHO
+        alone = np.zeros_like(talk)  # well above the echo: talk even where Geigel's test fails ...
         if not self.converged or len(self._gains) < GEIGEL_LEARNT:
             talk[:] = False
         elif talk.any():
+            alone = talk & strong
             talk &= gain > GEIGEL_MARGIN * float(np.percentile(self._gains, 95))
-        talk = self._hold_on(talk, left > echo * HOLD_TO_ECHO)
+        talk = self._hold_on(talk, strong) | alone  # ... but only talk that passed it holds talk on
+        self._last_gain, self._last_talk = gain, talk
         with_echo = (echo > ECHO_FLOOR_RMS**2) & ~talk  # the user's speech says nothing of the filter
         below_now = (left[with_echo] < echo[with_echo] * CONVERGED_SHARE).tolist()
         self._below.extend(below_now)
@@ -182,6 +196,14 @@ class LinearStage:
         below = self._below
         self.converged = len(below) >= below.maxlen // 2 and sum(below) >= 0.5 * len(below)
         return talk
+
+    def echo_like(self) -> np.ndarray:
+        """Per chunk of the last `run`: no talk, and the microphone no louder than the echo path
+        usually makes of the reference's recent peak (Geigel; its 95th percentile), for the
+        canceller's early guard."""
+        learnt = len(self._gains) >= GEIGEL_LEARNT
+        bound = float(np.percentile(self._gains, 95)) if learnt else GUARD_GAIN
+        return ~self._last_talk & (self._last_gain <= bound)
 
     def _hold_on(self, talk: np.ndarray, strong: np.ndarray) -> np.ndarray:
         """A talk chunk that left well above the echo holds talk for HOLD_CHUNKS: speech is
