@@ -22,7 +22,14 @@ from cosyvoice.llm import (
     generate,
 )
 from cosyvoice.qwen2 import KVCacheError, Qwen2Config, Qwen2Model
-from cosyvoice.sampling import RasParams, SilentTokenFilter, make_generator, nucleus_candidates, ras_sample
+from cosyvoice.sampling import (
+    RasParams,
+    SilentTokenFilter,
+    make_generator,
+    nucleus_candidates,
+    ras_sample,
+    stable_top_k,
+)
 
 TINY = Qwen2Config(
     hidden_size=16,
@@ -186,6 +193,20 @@ def test_nucleus_keeps_crossing_token_and_respects_top_k() -> None:
     assert nucleus_candidates(probs, top_p=0.4, top_k=25)[1].tolist() == [1]
     ties = torch.full((5,), 0.2)
     assert nucleus_candidates(ties, top_p=0.5, top_k=25)[1].tolist() == [0, 1, 2]  # stable order
+
+
+def test_top_k_equals_the_head_of_the_full_stable_sort() -> None:
+    gen = torch.Generator().manual_seed(7)
+    cases = [torch.rand(6761, generator=gen) for _ in range(20)]
+    # ties across the k-th place: few distinct values, so many ids share the cut-off value
+    cases += [torch.randint(0, 6, (6761,), generator=gen).float() / 5 for _ in range(20)]
+    cases += [torch.zeros(6761), torch.tensor([0.3, 0.3, 0.1]), torch.full((4,), 0.25)]
+    for probs in cases:
+        for k in (1, 2, 25, 100):
+            values, ids = stable_top_k(probs, k)
+            want_values, want_ids = probs.sort(descending=True, stable=True)
+            assert ids.tolist() == want_ids[: min(k, probs.numel())].tolist()
+            assert values.tolist() == want_values[: min(k, probs.numel())].tolist()
 
 
 def test_generator_for_seed_matches_global_seeding() -> None:
