@@ -45,18 +45,14 @@ class WorkerServer:
 
     # -- reports ---------------------------------------------------------------------------------
 
-    def capacity(self) -> int:
-        health = self.engine.health()
-        capacity = (health.get("batching") or {}).get("capacity")
-        return int(capacity) if capacity else self.engine.max_pending_requests
-
     def in_flight(self) -> int:
         return sum(len(c.streams) for c in self._connections)
 
     def report(self, leaving: int = 0) -> dict[str, Any]:
         """Load, steps and memory; ``leaving``: requests about to end, not counted as in flight."""
-        health = self.engine.health()
-        capacity, in_flight = self.capacity(), max(0, self.in_flight() - leaving)
+        health = self.engine.health()  # once: a report goes out with every request's end
+        capacity = int((health.get("batching") or {}).get("capacity") or self.engine.max_pending_requests)
+        in_flight = max(0, self.in_flight() - leaving)
         return {
             "state": health.get("state", "running"),
             "capacity": capacity,
