@@ -81,6 +81,14 @@ class AuthConfig(_Section):
     secret_file: str = ""  # read, or created with a random key, when `secret` is empty
     device_token_ttl_s: float = Field(30 * 86400, ge=60, le=366 * 86400)
 
+    @field_validator("allowed_devices")
+    @classmethod
+    def _normalized_ids(cls, v: list[str]) -> list[str]:
+        """MACs in the form devices are matched in (lower case, colons), whatever case they are listed in."""
+        from gateway.xiaozhi.handshake import normalize_device_id
+
+        return [normalize_device_id(item) or item for item in v]
+
     @field_validator("secret")
     @classmethod
     def _secret_length(cls, v: str) -> str:
@@ -317,7 +325,11 @@ class EngineConfig(_Section):
     remote_token: str = Field("", max_length=4096, repr=False)
     worker_start_timeout_s: float = Field(300, gt=0)  # process start to READY (model load)
     worker_connect_timeout_s: float = Field(10, gt=0)  # socket connect + hello
-    worker_max_restarts: int = Field(10, ge=0, le=1000)  # in a row, with backoff, before giving up
+    # failed restarts in a row after which a worker shows as `failed` (it is still retried, at the cap)
+    worker_max_restarts: int = Field(10, ge=0, le=1000)
+    # a worker that answers no ping, or whose engine step runs, this long is stalled: not ready, its
+    # requests fail (apology / 503); still stuck 3x as long and it is killed and restarted
+    worker_stall_timeout_s: float = Field(5.0, gt=0, le=600)
     # constructor keywords for the worker's backend (fake, gpu-sim, espeak; tests and benchmarks)
     worker_backend_options: dict[str, Any] = Field(default_factory=dict)
 

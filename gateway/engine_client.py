@@ -21,7 +21,14 @@ from typing import Any
 
 from gateway.engine_client_link import RemoteStream, WorkerLink, summed_memory
 from gateway.engine_client_workers import WorkerSlot
-from tts_engine.arguments import check_arguments, check_instruct, check_req_id, check_zero_shot, resolve_voice
+from tts_engine.arguments import (
+    check_arguments,
+    check_instruct,
+    check_req_id,
+    check_text_length,
+    check_zero_shot,
+    resolve_voice,
+)
 from tts_engine.errors import EngineClosed, EngineError, EngineOverloaded, EngineUnavailable
 from tts_engine.request import SynthesisStream
 from tts_engine.voices import VoiceError, VoicePreset, decode_prompt_wav
@@ -73,6 +80,12 @@ class EngineClient:
         return str(self._hello.get("text_normalization", "off"))
 
     @property
+    def max_text_chars(self) -> int | None:
+        """The workers' text limit (their backend's), announced in their hello; None: no limit."""
+        value = self._hello.get("max_text_chars")
+        return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
     def max_buffered_chunks(self) -> int:
         return int(self._hello.get("max_buffered_chunks", 8))
 
@@ -96,7 +109,8 @@ class EngineClient:
             "live": len(self._streams),
             "queue_depth": 0,
             "workers": len(self.slots),
-            "workers_ready": len(links),
+            "workers_ready": sum(1 for link in links if link.is_ready),
+            "worker_stalls": sum(link.counts["stalls"] for link in links) + sum(s.stalls for s in self.slots),
             "worker_restarts": sum(slot.restarts for slot in self.slots),
             "link_protocol_errors": sum(link.counts["protocol_errors"] for link in links),
             "link_outbox_full": sum(link.counts["outbox_full"] for link in links),
@@ -116,13 +130,11 @@ class EngineClient:
             "default_voice": self.default_voice,
             "supports_cloning": self.supports_cloning,
             "text_normalization": self.text_normalization,
-            "state": "closed"
-            if self._is_closed
-            else "running"
-            if ready
-            else "degraded"
-            if self._is_running
-            else "new",
+            "max_text_chars": self.max_text_chars,
+            # running: a worker takes requests; unavailable: none does now (restarting, stalled, failed)
+            "state": "closed" if self._is_closed else "running" if ready
+            else "unavailable" if self._is_running else "new",  # fmt: skip
+            "unavailable_reason": None if ready else _why_none_ready(workers),
             "live_requests": stats["live"],
             "open_streams": stats["live"],
             "queue_depth": 0,
@@ -198,6 +210,7 @@ class EngineClient:
     ) -> SynthesisStream:
         """Like ``TTSEngine.synthesize()``: queued on the worker with the most free capacity."""
         check_arguments(text, sample_rate, speed)
+        check_text_length(text, self.max_text_chars)
         voice = resolve_voice(voice, self._default_voice, self._voices)
         message = {"t": p.SYNTH, "text": text, "voice": voice, "rate": sample_rate, "speed": float(speed),
                    "instruct": check_instruct(instruct), "ahead": float(playback_ahead)}  # fmt: skip
@@ -215,6 +228,7 @@ class EngineClient:
         instruct: str | None = None,
     ) -> SynthesisStream:
         check_arguments(text, sample_rate, speed)
+        check_text_length(text, self.max_text_chars)
         prompt_text = check_zero_shot(self.backend_name, self.supports_cloning, prompt_text)
         decode_prompt_wav(prompt_wav)  # a bad recording is refused here, as in process
         message = {"t": p.SYNTH, "text": text, "rate": sample_rate, "speed": float(speed),
@@ -243,7 +257,7 @@ class EngineClient:
         return stream
 
     def _pick(self) -> WorkerLink:
-        links = [slot.link for slot in self.slots if slot.link is not None and slot.link.is_up]
+        links = [slot.link for slot in self.slots if slot.link is not None and slot.link.is_ready]
         if not links:
             self._counts["requests_rejected"] += 1
             states = ", ".join(f"{slot.address}: {slot.state}" for slot in self.slots)
@@ -299,7 +313,7 @@ class EngineClient:
             self._added.pop(name, None)  # the other gateway's version is the voice now: it replays it
 
     async def _call_all(self, message: dict[str, Any]) -> None:
-        links = [slot.link for slot in self.slots if slot.link is not None and slot.link.is_up]
+        links = [slot.link for slot in self.slots if slot.link is not None and slot.link.is_ready]
         if not links:
             raise EngineUnavailable("no engine worker is ready")
         results = await asyncio.gather(*(link.call(message) for link in links), return_exceptions=True)
@@ -311,6 +325,15 @@ class EngineClient:
         refusals = [e for e in errors if not isinstance(e, EngineUnavailable)]
         if refusals or not answers:
             raise (refusals or errors)[0]
+
+
+def _why_none_ready(workers: list[dict[str, Any]]) -> str:
+    """Why no worker takes requests: each worker's state and last error."""
+    parts = []
+    for worker in workers:
+        why = worker.get("stalled") or worker.get("last_error")
+        parts.append(f"{worker['address']}: {worker['state']}" + (f" ({why})" if why else ""))
+    return "no engine worker is ready: " + "; ".join(parts)
 
 
 async def _voice_add_message(preset: VoicePreset) -> dict[str, Any]:

@@ -1,10 +1,19 @@
 """One connection to one engine worker, and the streams of the requests it carries.
 
 ``WorkerLink`` connects (unix or TCP, with a timeout), waits for the worker's ``hello`` (with a
-timeout), then runs a reader task that feeds frames to the streams and call futures, and a writer task
-that drains a bounded outbound queue into the socket. When the socket ends (the worker died, EOF, a
-protocol error) every request still in flight fails with ``WorkerLost`` and ``lost`` resolves: the
-owner restarts or reconnects. ``RemoteStream`` is a ``SynthesisStream`` fed by the link: each chunk
+timeout), then runs a reader task that feeds frames to the streams and call futures, a writer task
+that drains a bounded outbound queue into the socket, and a watchdog that pings the worker every
+``PING_INTERVAL_S``. When the socket ends (the worker died, EOF, a protocol error) every request still
+in flight fails with ``WorkerLost`` and ``lost`` resolves: the owner restarts or reconnects.
+
+Stalls (a worker alive but making no progress): a ping unanswered for ``stall_timeout_s`` (a frozen
+process), or an answer saying the engine's current step has run that long (a stuck engine), makes the
+link ``stalled``: not ready for routing, its requests fail at once with ``WorkerLost`` (the device
+speaks its apology, the API answers 503) and are aborted on the worker. Pings go on: a worker that
+answers again with no long step is ready again; one still stalled after ``STALL_RESTART_FACTOR`` times
+the timeout ends the link, and the owner kills and restarts it. Each ping's answer also carries the
+worker's load, so the in-flight count routing reads is never more than a ping interval old (besides
+the ``end``, ``result`` and ``report`` frames that carry it sooner). ``RemoteStream`` is a ``SynthesisStream`` fed by the link: each chunk
 read is reported back (``credit``) so the worker's engine keeps its ``max_buffered_chunks`` bound and
 slack ranking end to end; ``set_playback_ahead`` sends the listener's playback credit as a value.
 """
@@ -28,6 +37,8 @@ from tts_engine.worker.server import parse_address
 log = logging.getLogger(__name__)
 
 OUTBOX_FRAMES = 4096  # frames waiting for the socket; more means the worker stopped reading: link lost
+PING_INTERVAL_S = 1.0  # a ping (``health`` call) to each worker this often
+STALL_RESTART_FACTOR = 3.0  # stalled this many stall timeouts: the link ends and the worker restarts
 
 
 class RemoteStream(SynthesisStream):
@@ -70,15 +81,24 @@ class RemoteStream(SynthesisStream):
 class WorkerLink:
     """A connected engine worker: its capabilities (from ``hello``), requests and calls in flight."""
 
-    def __init__(self, address: str, *, token: str = "") -> None:
-        """``token``: sent first (``auth``) to a worker started with one (engine.remote_token)."""
+    def __init__(
+        self, address: str, *, token: str = "", stall_timeout_s: float = 5.0, ping_interval_s: float = PING_INTERVAL_S
+    ) -> None:
+        """``token``: sent first (``auth``) to a worker started with one (engine.remote_token);
+        ``stall_timeout_s``: engine.worker_stall_timeout_s."""
         self.address = address
         self._token = token
+        self.stall_timeout_s = stall_timeout_s
+        self.ping_interval_s = ping_interval_s
+        self.stalled: str | None = None  # why, while the worker is stalled
+        self.stalled_since: float | None = None  # loop time
+
         self.hello: dict[str, Any] = {}
         self.report: dict[str, Any] = {}
         self.streams: dict[str, RemoteStream] = {}
         self.lost: asyncio.Future[str] | None = None  # resolves with the reason when the link ends
-        self.counts = {"requests_total": 0, "chunks_total": 0, "protocol_errors": 0, "outbox_full": 0}
+        self.counts = {"requests_total": 0, "chunks_total": 0, "protocol_errors": 0, "outbox_full": 0,
+                       "stalls": 0}  # fmt: skip
         self._calls: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._call_ids = itertools.count(1)
         self._outbox: asyncio.Queue[bytes] = asyncio.Queue(OUTBOX_FRAMES)
@@ -125,6 +145,7 @@ class WorkerLink:
         self._tasks = [
             asyncio.create_task(self._read_in(reader, frames, pending)),
             asyncio.create_task(self._write_out()),
+            asyncio.create_task(self._watch()),
         ]
 
     async def close(self) -> None:
@@ -136,6 +157,11 @@ class WorkerLink:
     @property
     def is_up(self) -> bool:
         return self.lost is not None and not self.lost.done()
+
+    @property
+    def is_ready(self) -> bool:
+        """Up and not stalled: routing may send it requests."""
+        return self.is_up and self.stalled is None
 
     @property
     def max_buffered_chunks(self) -> int:
@@ -165,7 +191,7 @@ class WorkerLink:
             del self.streams[stream.req_id]
 
     async def call(self, message: dict[str, Any], timeout_s: float = 60.0) -> dict[str, Any]:
-        """Send a voice/health call and wait for its ``result`` (its ``error`` raises)."""
+        """Send a voice/health call and wait for its ``result`` (its ``error`` raises; TimeoutError)."""
         if not self.is_up:
             raise WorkerLost(f"engine worker {self.address} is not connected")
         call = next(self._call_ids)
@@ -188,6 +214,47 @@ class WorkerLink:
             self._end(f"send queue full ({OUTBOX_FRAMES} frames): the worker stopped reading")
 
     # -- tasks -----------------------------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        """Ping every ``ping_interval_s``; a stall fails the requests, a long one ends the link."""
+        loop = asyncio.get_running_loop()
+        while self.is_up:
+            sent = loop.time()
+            try:
+                await self.call({"t": p.HEALTH}, timeout_s=self.stall_timeout_s)
+            except TimeoutError:
+                self._stall(f"no answer to a ping for {self.stall_timeout_s:g} s")
+            except (WorkerLost, EngineError):
+                return  # the link ended (its own task says why)
+            else:
+                step_s = _number(self.report.get("step_running_s"))
+                if step_s >= self.stall_timeout_s:
+                    self._stall(f"its engine step has been running for {step_s:.1f} s")
+                elif self.stalled is not None:
+                    log.warning("engine worker %s answers again after a stall (%s)", self.address, self.stalled)
+                    self.stalled = self.stalled_since = None
+            if self.stalled_since is not None:
+                stalled_s = loop.time() - self.stalled_since
+                if stalled_s >= STALL_RESTART_FACTOR * self.stall_timeout_s:
+                    self._end(f"stalled for {stalled_s:.0f} s ({self.stalled})")
+                    return
+            await asyncio.sleep(max(0.0, self.ping_interval_s - (loop.time() - sent)))  # the ping timer
+
+    def _stall(self, reason: str) -> None:
+        """The worker stopped making progress: not ready, and what it carries fails now (and is aborted
+        there, so a worker that wakes up does not finish work nobody waits for)."""
+        if self.stalled is not None:
+            return
+        self.stalled, self.stalled_since = reason, asyncio.get_running_loop().time()
+        self.counts["stalls"] += 1
+        log.warning(
+            "engine worker %s stalled: %s (%d requests in flight fail)", self.address, reason, len(self.streams)
+        )
+        error = f"engine worker {self.address} stalled: {reason}"
+        for stream in list(self.streams.values()):
+            stream._push_end(WorkerLost(error))
+            self.abort(stream.req_id)
+        self.streams.clear()
 
     async def _write_out(self) -> None:
         assert self._writer is not None
@@ -249,6 +316,10 @@ class WorkerLink:
                 log.warning(
                     "engine worker %s: %s: %s", self.address, message.get("kind"), message.get("message")
                 )
+        elif kind == p.REPORT:
+            report = message.get("report")
+            if isinstance(report, dict):
+                self.report = report
         elif kind == p.VOICES:
             if self.on_voices is not None and isinstance(message.get("voices"), list):
                 self.on_voices(message)
@@ -288,6 +359,10 @@ class WorkerLink:
 
 
 HELLO_REPORT_KEYS = ("state", "capacity", "in_flight", "free", "device", "pid", "steps_total", "memory")
+
+
+def _number(value: object) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
 def summed_memory(links: list[WorkerLink]) -> dict[str, int | float]:

@@ -20,7 +20,7 @@ Families and their caps:
 
 - OTA and device paths (``/xiaozhi/...``): ``api.max_ota_body_bytes``; never an API key (devices
   have their own token, ``server.auth``).
-- Uploads (``/v1/voices``, ``/tts/zero_shot``): the text cap plus ``api.max_prompt_bytes``.
+- Uploads (``/v1/voices`` and ``/v1/audio/voices``, ``/tts/zero_shot``): the text cap plus ``api.max_prompt_bytes``.
 - Every other path: ``api.max_text_chars`` JSON-escaped (12 bytes a character) plus 64 KiB.
 
 Public without a key: ``/v1/health``, ``/xiaozhi/...``, the web console's page and assets
@@ -45,7 +45,7 @@ from gateway.api.errors import ApiError
 from gateway.config import ApiConfig
 
 DEVICE_PREFIX = "/xiaozhi/"  # OTA (POST/GET /xiaozhi/ota/, /xiaozhi/ota/activate) and the socket's GET
-UPLOAD_PATHS = frozenset({"/v1/voices", "/tts/zero_shot"})
+UPLOAD_PATHS = frozenset({"/v1/voices", "/v1/audio/voices", "/tts/zero_shot"})
 HEALTH_PATH = "/v1/health"
 CONSOLE_PATH = "/console"  # the web console's page and, under it, its static assets (gateway/console.py)
 METRICS_PATH = "/metrics"
@@ -125,6 +125,9 @@ class _CappedBody:
         self.started = False  # the app's response went out
         self.replaced = False  # our 413 went out instead
 
+    def _error(self) -> ApiError:
+        return _streamed_too_large(self.cap)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def capped_receive() -> Message:
             if self.exceeded:
@@ -142,7 +145,7 @@ class _CappedBody:
                 return
             if self.exceeded and not self.started:
                 self.replaced = True
-                await _refuse(_too_large(self.cap, "more"), scope, receive, send, drain=True)
+                await _refuse(self._error(), scope, receive, send, drain=True)
                 return
             if message["type"] == "http.response.start":
                 self.started = True
@@ -155,7 +158,12 @@ class _CappedBody:
                 raise
             if not self.replaced:
                 self.replaced = True
-                await _refuse(_too_large(self.cap, "more"), scope, receive, send, drain=True)
+                await _refuse(self._error(), scope, receive, send, drain=True)
+
+
+def _streamed_too_large(cap: int) -> ApiError:
+    """A body that passed ``cap`` while it streamed (its size is not known; no more of it is read)."""
+    return ApiError(413, f"request body over {cap} bytes; the limit here is {cap} bytes", code="body_too_large")
 
 
 def _too_large(cap: int, size: str) -> ApiError:

@@ -24,7 +24,7 @@ from gateway.config import Config
 from gateway.device_tokens import DeviceAuth
 from gateway.log_redaction import loggable
 from gateway.xiaozhi import RemoteProtocolError
-from gateway.xiaozhi.handshake import check_identity
+from gateway.xiaozhi.handshake import check_identity, normalize_device_id
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ async def ota(request: Request) -> JSONResponse:
     services = request.app.state.services
     services.metrics.ota_requests.inc()
     try:  # checked before the body is read
-        device_id = check_identity("Device-Id", request.headers.get("device-id") or None)
+        device_id = normalize_device_id(check_identity("Device-Id", request.headers.get("device-id") or None))
         client_id = check_identity("Client-Id", request.headers.get("client-id") or None)
     except RemoteProtocolError as exc:
         log.info("OTA refused: %s", exc)

@@ -20,6 +20,7 @@ from gateway.model_check import (
     log_checks,
     tts_file_checks,
 )
+from gateway.phrases import Phrases
 from gateway.session_registry import SessionRegistry
 from gateway.tools.base import ToolSource
 from gateway.tts_choice import TTSChoice, choose_tts_backend, create_tts_backend, set_cpu_threads
@@ -37,6 +38,12 @@ log = logging.getLogger(__name__)
 def engine_sections(config: Config) -> dict[str, Any]:
     """The config sections the engine is built from (tts_engine/build.py), as plain dicts."""
     return {name: getattr(config, name).model_dump(mode="json") for name in ("tts", "engine", "gpu")}
+
+
+def fixed_phrases(config: Config) -> Phrases:
+    """The sentences a device must hear even when no engine can speak, in the configured voice."""
+    texts = [config.llm.apology, config.llm.tool_filler, config.asr.not_configured_reply]
+    return Phrases(texts, sample_rate=config.audio.output_sample_rate, voice=config.tts.voice)
 
 
 def create_llm(cfg: LLMConfig) -> ChatLLM:
@@ -82,6 +89,8 @@ class Services:
     # every query turn after the device's tools; read at each turn, so sources added later count
     tool_sources: list[ToolSource] = field(default_factory=list)
     mcp_servers: MCPServerPool | None = None  # tools.mcp_servers, started in start(), shared by all sessions
+    # the apology, tool filler and not-configured notice as audio, made at start-up (gateway/phrases.py)
+    phrases: Phrases | None = None
 
     @classmethod
     def build(
@@ -117,6 +126,7 @@ class Services:
             metrics=GatewayMetrics(),
             tts_warning=warning,
             voices=VoiceStore(config.tts.voices_dir),
+            phrases=fixed_phrases(config),
         )
         if config.session.memory == "local":
             services.memory = ConversationMemory.open(config.session, services.llm)
@@ -129,6 +139,8 @@ class Services:
     async def start(self) -> None:
         await self.engine.start()
         await self.register_voices()
+        if self.phrases is not None:  # before the first device: the apology must not need the engine
+            await self.phrases.start(self.engine)
         await self.start_mcp_servers()
 
     async def start_mcp_servers(self) -> None:
@@ -162,6 +174,8 @@ class Services:
 
     async def close(self) -> None:
         await self.sessions.close_all()
+        if self.phrases is not None:
+            await self.phrases.aclose()
         await self.engine.close()
         if self.mcp_servers is not None:
             await self.mcp_servers.aclose()  # stops their processes (bounded)
@@ -180,10 +194,10 @@ class Services:
 
     def health(self) -> dict[str, Any]:
         engine = self.engine.health()
-        failed_check = any(check.failed for check in self.checks)
-        status = "degraded" if self.tts_warning or failed_check else "ok"
+        status, reasons = health_status(self, engine)
         return {
             "status": status,
+            "reasons": reasons,
             "sessions": len(self.sessions),
             "tts": {**engine, "warning": self.tts_warning},
             "llm": {"provider": self.config.llm.provider},
@@ -191,4 +205,27 @@ class Services:
             "audio": {"output_sample_rate": self.config.audio.output_sample_rate},
             "checks": [check.as_dict() for check in self.checks],
             "mcp_servers": self.mcp_servers.status() if self.mcp_servers is not None else [],
+            "phrases": self.phrases.status() if self.phrases is not None else None,
         }
+
+
+def health_status(services: Services, engine: dict[str, Any]) -> tuple[str, list[str]]:
+    """``ok``, ``degraded`` (serving, with something to fix) or ``unavailable`` (cannot speak now), and why.
+
+    unavailable: no engine worker is ready (all restarting, stalled or failed), or the in-process
+    engine crashed or closed. degraded: TTS fell back to espeak-ng, a start-up model check failed, some
+    (not all) workers are not ready, or the fixed phrases could not be prepared.
+    """
+    state = engine.get("state")
+    if state in ("unavailable", "crashed", "closed"):
+        reason = engine.get("unavailable_reason") or f"the TTS engine is {state}"
+        return "unavailable", [str(reason)]
+    reasons = []
+    if services.tts_warning:
+        reasons.append(services.tts_warning)
+    reasons += [f"check {check.name}: {check.detail}" for check in services.checks if check.failed]
+    not_ready = [w for w in engine.get("workers") or [] if w.get("state") != "ready"]
+    for worker in not_ready:
+        why = worker.get("stalled") or worker.get("last_error")
+        reasons.append(f"engine worker {worker.get('address')} is {worker.get('state')}" + (f": {why}" if why else ""))
+    return ("degraded" if reasons else "ok"), reasons

@@ -101,6 +101,7 @@ class Session(ListenHandling):
             remember=self._remember if services.memory is not None and info.device_id else None,
             recorder=metrics_recorder(services.metrics),
             on_turn=lambda kind: services.metrics.turns_total.labels(kind).inc(),
+            phrases=services.phrases,
         )
         self.mode = ListenMode.AUTO
         self.listening = False

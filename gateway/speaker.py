@@ -9,6 +9,14 @@ ranking puts a look-ahead sentence behind other devices' first chunks. The engin
 decays the value at real time; it is sent again only when it changes materially
 (an earlier sentence got a chunk or finished), not per frame. Everything here runs inside the turn's task group, so a
 cancelled turn stops at its next await and sends nothing more.
+
+Fixed phrases (the apology, the tool filler, the not-configured notice; gateway/phrases.py) are played
+from audio stored at start-up when the sentence is one of them in the voice they were stored in.
+
+When the engine fails a sentence (refused at once, or failed mid-way: a worker lost, stalled, none
+ready, overloaded), the reply ends there with the apology: the stored one when the engine cannot say it
+either, else its text alone (``sentence_start``), so a device always hears or sees why. Nothing of the
+reply is spoken after it.
 """
 
 from __future__ import annotations
@@ -21,15 +29,24 @@ from dataclasses import dataclass, field
 
 from audio_codecs.opus import OpusEncoder
 from gateway.pacer import Pacer
+from gateway.phrases import Phrases, StoredSpeech
 from gateway.xiaozhi import AudioOut, TtsSentenceStart
 from tts_engine import SynthesisStream, TTSEngine
-from tts_engine.errors import EngineError, EngineUnavailable
+from tts_engine.errors import EngineError
 
 log = logging.getLogger(__name__)
 
 AHEAD_TOLERANCE_S = 0.05  # a playback credit off by more than this is sent again
 
 Send = Callable[[object], Awaitable[None]]
+Speech = SynthesisStream | StoredSpeech
+
+
+class _Refused:
+    """The engine refused a sentence: the reply ends here (with the apology)."""
+
+
+REFUSED = _Refused()
 
 
 @dataclass
@@ -54,8 +71,9 @@ class Speaker:
         on_frame: Callable[[], None] | None = None,
         on_sentence_error: Callable[[], None] | None = None,
         apology: str | None = None,
+        phrases: Phrases | None = None,
     ) -> None:
-        """``apology`` is spoken once per turn when a sentence is lost with its engine worker."""
+        """``apology`` ends the reply when the engine fails a sentence; ``phrases``: stored audio."""
         self._engine = engine
         self._encoder = encoder
         self._send = send
@@ -65,65 +83,82 @@ class Speaker:
         self._on_frame = on_frame
         self._on_sentence_error = on_sentence_error
         self._apology = apology
+        self._phrases = phrases
         self.result = SpeakResult()
-        self._queued: list[SynthesisStream] = []  # open sentence streams, in playing order
+        self._queued: list[Speech] = []  # open sentence streams, in playing order
         self._unsent_frames = 0  # encoded frames of the current chunk still waiting for the pacer
         # the playback credit last sent to each queued stream, and when (monotonic)
-        self._sent_ahead: dict[SynthesisStream, tuple[float, float]] = {}
+        self._sent_ahead: dict[Speech, tuple[float, float]] = {}
 
     async def speak(self, sentences: AsyncIterator[str]) -> SpeakResult:
-        ready: asyncio.Queue[tuple[str, SynthesisStream] | None] = asyncio.Queue(maxsize=1)
+        ready: asyncio.Queue[tuple[str, Speech] | _Refused | None] = asyncio.Queue(maxsize=1)
         try:
             async with asyncio.TaskGroup() as tg:
-                tg.create_task(self._synthesise_ahead(sentences, ready))
+                producer = tg.create_task(self._synthesise_ahead(sentences, ready))
                 while (item := await ready.get()) is not None:
+                    if isinstance(item, _Refused):
+                        await self._end_with_apology(producer)
+                        break
                     text, stream = item
                     try:
                         async with stream:
-                            await self._play_sentence(text, stream)
+                            spoken = await self._play_sentence(text, stream)
                     finally:
                         self._queued.remove(stream)
                         self._sent_ahead.pop(stream, None)
                         self._refresh_ahead()  # a sentence finished: the next plays after the device's rest
+                    if not spoken:
+                        await self._end_with_apology(producer)
+                        break
                 for packet in self._encoder.flush():
                     await self._send_frame(packet)
         finally:
             while not ready.empty():
                 item = ready.get_nowait()
-                if item is not None:
+                if isinstance(item, tuple):
                     await item[1].aclose()
+            for stream in list(self._queued):  # one the producer made but could not hand over
+                await stream.aclose()
             self._encoder.clear()
         self.result.underruns = self._pacer.underruns
         return self.result
 
     async def _synthesise_ahead(
-        self, sentences: AsyncIterator[str], ready: asyncio.Queue[tuple[str, SynthesisStream] | None]
+        self, sentences: AsyncIterator[str], ready: asyncio.Queue[tuple[str, Speech] | _Refused | None]
     ) -> None:
         async for text in sentences:
-            try:
-                ahead = self._ahead_of(tuple(self._queued))
-                stream = self._engine.synthesize(
-                    text, voice=self._voice_now(), sample_rate=self._rate, playback_ahead=ahead
-                )
-                self._sent_ahead[stream] = (ahead, time.monotonic())
-            except EngineError as exc:
-                log.warning("synthesis of %r refused: %s", text[:40], exc)
-                if self._on_sentence_error:
-                    self._on_sentence_error()
-                self.result.failed_sentences += 1
-                continue
+            voice = self._voice_now()
+            stream: Speech | None = self._phrases.stream(text, voice) if self._phrases else None
+            if stream is None:
+                try:
+                    ahead = self._ahead_of(tuple(self._queued))
+                    stream = self._engine.synthesize(
+                        text, voice=voice, sample_rate=self._rate, playback_ahead=ahead
+                    )
+                    self._sent_ahead[stream] = (ahead, time.monotonic())
+                except (EngineError, ValueError) as exc:
+                    log.warning("synthesis of %r refused: %s", text[:40], exc)
+                    self._sentence_failed()
+                    await ready.put(REFUSED)
+                    return
             self._queued.append(stream)
             try:
                 await ready.put((text, stream))
             except BaseException:
                 await stream.aclose()
+                self._queued.remove(stream)
                 raise
         await ready.put(None)
+
+    def _sentence_failed(self) -> None:
+        self.result.failed_sentences += 1
+        if self._on_sentence_error:
+            self._on_sentence_error()
 
     def _voice_now(self) -> str | None:
         return self._voice() if callable(self._voice) else self._voice
 
-    def _ahead_of(self, earlier: tuple[SynthesisStream, ...]) -> float:
+    def _ahead_of(self, earlier: tuple[Speech, ...]) -> float:
         """Seconds of this device's audio that play before a sentence queued behind ``earlier``, now."""
         pacer = self._pacer
         play_end = pacer.play_end
@@ -144,7 +179,8 @@ class Speaker:
                 stream.set_playback_ahead(ahead)
                 self._sent_ahead[stream] = (ahead, now)
 
-    async def _play_sentence(self, text: str, stream: SynthesisStream) -> None:
+    async def _play_sentence(self, text: str, stream: Speech) -> bool:
+        """Play one sentence's audio as it comes; False when the engine failed it (logged, counted)."""
         announced = False
         try:
             async for chunk in stream:
@@ -160,22 +196,41 @@ class Speaker:
                     self._unsent_frames -= 1
         except EngineError as exc:
             log.warning("synthesis of %r failed: %s", text[:40], exc)
-            self.result.failed_sentences += 1
-            if self._on_sentence_error:
-                self._on_sentence_error()
-            if isinstance(exc, EngineUnavailable) and self._apology:
-                apology, self._apology = self._apology, None  # once per turn
-                await self._speak_apology(apology)
+            self._sentence_failed()
+            return False
+        return True
 
-    async def _speak_apology(self, text: str) -> None:
-        """The sentence's worker went away: say sorry through another one (routing skips the lost one)."""
-        try:
-            stream = self._engine.synthesize(text, voice=self._voice_now(), sample_rate=self._rate)
-        except EngineError as exc:
-            log.warning("the apology could not be synthesised either: %s", exc)
+    async def _end_with_apology(self, producer: asyncio.Task[None]) -> None:
+        """The engine failed a sentence: nothing more of the reply, then the apology (once per turn).
+
+        In the turn's voice from the store, else from the engine (another worker may speak), else the
+        stored one in its own voice, else its text alone: the device always hears or sees why.
+        """
+        producer.cancel()  # no more sentences (the LLM stream and tool calls stop with the turn)
+        for stream in list(self._queued):
+            await stream.aclose()
+        if not self._apology:
+            return
+        apology, self._apology = self._apology, None
+        phrases = self._phrases
+        stream: Speech | None = phrases.stream(apology, self._voice_now()) if phrases else None
+        if stream is None:
+            try:
+                stream = self._engine.synthesize(apology, voice=self._voice_now(), sample_rate=self._rate)
+            except (EngineError, ValueError) as exc:
+                log.warning("the apology could not be synthesised either: %s", exc)
+                stream = phrases.any_voice(apology) if phrases else None
+        if stream is None:
+            await self._send(TtsSentenceStart(text=apology))
+            self.result.spoken.append(apology)
             return
         async with stream:
-            await self._play_sentence(text, stream)
+            if await self._play_sentence(apology, stream):
+                return
+        stored = phrases.any_voice(apology) if phrases else None  # the engine failed it mid-way too
+        if stored is not None:
+            async with stored:
+                await self._play_sentence(apology, stored)
 
     async def _send_frame(self, packet: bytes) -> None:
         await self._pacer.wait_turn()

@@ -19,6 +19,7 @@ from audio_codecs.opus import OpusEncoder
 from gateway.config import Config
 from gateway.llm.base import ChatLLM
 from gateway.pacer import Pacer
+from gateway.phrases import Phrases
 from gateway.reply import Emotion, Reply, ReplyEvent, fixed_sentences
 from gateway.segmenter import SentenceSegmenter
 from gateway.speaker import Speaker, SpeakResult
@@ -105,6 +106,7 @@ class Turn:
         emotion: bool = True,  # send the reply's emotion (`features.emoji: false` turns it off)
         recorder: TurnRecorder | None = None,
         started: float | None = None,  # when the user's query arrived (monotonic): first audio counts from it
+        phrases: Phrases | None = None,  # the fixed phrases' stored audio (gateway/phrases.py)
     ) -> None:
         self._engine = engine
         self._llm = llm
@@ -114,6 +116,7 @@ class Turn:
         self._tools = tools
         self._emotion = emotion
         self._recorder = recorder or TurnRecorder()
+        self._phrases = phrases
         self.started = time.monotonic() if started is None else started
         self.encoder = OpusEncoder(
             config.sample_rate,
@@ -205,7 +208,8 @@ class Turn:
             pacer=pacer,
             on_frame=self._recorder.frame_sent,
             on_sentence_error=self._recorder.sentence_failed,
-            apology=cfg.apology,  # spoken when a sentence's engine worker dies
+            apology=cfg.apology,  # ends the reply when the engine fails a sentence
+            phrases=self._phrases,
         )
         self.result = speaker.result  # as far as it got, also when cancelled
         await speaker.speak(sentences)

@@ -15,6 +15,7 @@ from gateway.llm.base import ChatLLM
 from gateway.llm.conversation import Conversation
 from gateway.llm.tool_calls import ToolCallingLLM
 from gateway.metrics import GatewayMetrics
+from gateway.phrases import Phrases
 from gateway.tools.base import ToolSource
 from gateway.tools.toolset import ToolSet
 from gateway.turn import Tools, Turn, TurnConfig, TurnRecorder
@@ -48,6 +49,7 @@ class Turns:
         remember: Callable[[str, str], None] | None = None,
         recorder: TurnRecorder | None = None,
         on_turn: Callable[[str], None] | None = None,  # a turn of this kind starts (metrics)
+        phrases: Phrases | None = None,  # the fixed phrases' stored audio (gateway/phrases.py)
     ) -> None:
         self._engine = engine
         self._llm = llm
@@ -60,6 +62,7 @@ class Turns:
         self._remember = remember  # saves an exchange to the device's memory (never blocks)
         self._recorder = recorder
         self._on_turn = on_turn
+        self._phrases = phrases
         self.voice: str | None = config.voice  # change_voice sets it for what follows
         self.last: Turn | None = None  # the turn that ran last (or runs now)
 
@@ -74,6 +77,7 @@ class Turns:
             emotion=self._features().get("emoji", True) is not False,
             recorder=self._recorder,
             started=started,
+            phrases=self._phrases,
         )
         return self.last
 

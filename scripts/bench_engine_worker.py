@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import tempfile
@@ -65,9 +64,8 @@ async def main(args: argparse.Namespace) -> None:
     finally:
         await local.close()
     with tempfile.TemporaryDirectory() as tmp:
-        config = Path(tmp) / "config.json"
-        config.write_text(json.dumps({"tts": {"text_normalization": "off"}}))
-        command = WorkerCommand(args.backend, "cpu", str(config), json.dumps(options))
+        settings = {"tts": {"text_normalization": "off"}}
+        command = WorkerCommand(args.backend, "cpu", settings, tmp, options)
         client = EngineClient([WorkerSlot(f"unix:{tmp}/w.sock", command=command)])
         await client.start()
         try:

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import httpx
 import uvicorn
 
 from gateway.app import create_app
@@ -83,11 +84,22 @@ async def running_gateway(
         target=loop.run_until_complete, args=(server.serve(sockets=[sock]),), name="gateway", daemon=True
     )
     thread.start()
+    gateway_url = f"http://127.0.0.1:{port}"
+    await _started(gateway_url)
     try:
-        yield RunningGateway(url=f"http://127.0.0.1:{port}", services=services, loop=loop)
+        yield RunningGateway(url=gateway_url, services=services, loop=loop)
     finally:
         server.should_exit = True
         await asyncio.to_thread(thread.join, 15)
         sock.close()
         if not thread.is_alive():
             loop.close()
+
+
+async def _started(url: str, timeout_s: float = 300.0) -> None:
+    """Wait out the gateway's start-up (the engine, its voices, the fixed phrases): a first request waits
+    in the listen backlog until the server accepts, and is answered once start-up is over. A start-up
+    that fails shows in the test's own requests."""
+    with contextlib.suppress(httpx.HTTPError):
+        async with httpx.AsyncClient(timeout=timeout_s) as client:
+            await client.get(f"{url}/v1/health")

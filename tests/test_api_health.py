@@ -19,6 +19,8 @@ async def test_health_reports_engine_voices_and_memory():
     assert health["device"] == "cpu"
     assert health["engine"] == {**health["engine"], "backend": "fake", "model": "fake", "state": "running",
                                 "sample_rate": 24000, "supports_cloning": False, "live_requests": 0}  # fmt: skip
-    assert health["tts"]["stats"]["requests_finished"] == 1
+    # this request's, after the fixed phrases made at start-up (gateway/phrases.py)
+    assert health["phrases"]["stored"] == 3 and health["phrases"]["missing"] == []
+    assert health["tts"]["stats"]["requests_finished"] == 1 + 3
     assert health["voices"] == {"default": "default", "count": 2, "names": ["default", "bob"], "presets": []}
     assert "budget_gib" in health["memory"] and health["memory"]["process_rss_bytes"] > 10_000_000

@@ -37,6 +37,7 @@ async def test_speech_create_default_mp3_and_wav():
 async def test_streaming_response_of_pcm_with_a_voice_object_speed_and_instructions():
     backend = CloningFakeBackend(voices=("default", "bob"))
     async with running_gateway(backend=backend) as gw:
+        del backend.instructions[:]  # the fixed phrases, made at start-up
         client = sdk(gw)
         pieces: list[bytes] = []
         async with client.audio.speech.with_streaming_response.create(

@@ -86,9 +86,10 @@ async def test_tts_pcm_sample_rate_speed_and_voice():
 async def test_tts_bad_requests_get_a_clear_400(body, param, code):
     config = {"api": {"max_text_chars": 50, "unknown_voice": "strict"}}
     async with running_gateway(config, backend=fake()) as gw:
+        before = gw.services.engine.stats["requests_total"]  # the fixed phrases, made at start-up
         async with httpx.AsyncClient() as client:
             reply = await client.post(f"{gw.url}/v1/tts", json={"text": "你好", **body})
-        submitted = gw.services.engine.stats["requests_total"]
+        submitted = gw.services.engine.stats["requests_total"] - before
     assert reply.status_code == 400 and reply.headers["content-type"] == "application/json"
     error = reply.json()["error"]
     assert error["param"] == param and error["code"] == code and error["message"]
@@ -204,13 +205,14 @@ async def test_stream_formats_arrive_in_pieces_and_decode(fmt):
 async def test_client_disconnect_mid_stream_aborts_the_engine_request_at_once():
     backend = slow()
     async with running_gateway(backend=backend) as gw, httpx.AsyncClient() as client:
+        closed_at_start = backend.num_streams_closed  # the fixed phrases, made at start-up
         async with client.stream("POST", f"{gw.url}/v1/tts/stream", json={"text": TEXT * 10}) as reply:
             async for _ in reply.aiter_raw():
                 break  # over 5 s of synthesis left when we hang up
             assert gw.services.engine.stats["live"] == 1
         waited = await wait_until(lambda: gw.services.engine.stats["live"] == 0, timeout=3.0)
         stats = gw.services.engine.stats
-    assert waited < 1.0 and stats["requests_aborted"] == 1 and backend.num_streams_closed == 1
+    assert waited < 1.0 and stats["requests_aborted"] == 1 and backend.num_streams_closed - closed_at_start == 1
 
 
 async def test_client_disconnect_while_a_whole_file_is_synthesised_aborts_too():
@@ -260,6 +262,7 @@ async def test_openai_instructions_reach_the_backend_as_instruct_mode():
         "response_format": "pcm",
     }
     async with running_gateway(backend=backend) as gw, httpx.AsyncClient() as client:
+        del backend.instructions[:]  # the fixed phrases, made at start-up
         reply = await client.post(f"{gw.url}/v1/audio/speech", json=body)
     assert reply.status_code == 200 and reply.headers["content-type"] == "audio/pcm"
     assert backend.instructions == ["用四川话说"]

@@ -336,3 +336,41 @@ async def test_an_add_whose_client_goes_away_leaves_nothing_behind(tmp_path):
             again = await client.post(f"{gw.url}/v1/voices", **upload())  # the name is free
     assert "alice" not in [v["name"] for v in listed["data"]] and "alice" not in in_engine
     assert on_disk == [] and again.status_code == 201
+
+
+async def test_invalid_utf8_in_a_form_field_is_a_400_not_mojibake(tmp_path):
+    # issue 23: Starlette decoded it as Latin-1, and the transcript was stored as mojibake
+    bad = "你好".encode() + b"\xff\xfe" + "世界".encode()
+    files = {"prompt_wav": ("p.wav", prompt_wav(), "audio/wav")}
+    async with running_gateway(voices_config(tmp_path), backend=CloningFakeBackend()) as gw:
+        async with httpx.AsyncClient() as client:
+            added = await client.post(f"{gw.url}/v1/voices", data={"name": "alice", "prompt_text": bad}, files=files)
+            zero_shot = await client.post(
+                f"{gw.url}/tts/zero_shot", data={"text": "hi", "prompt_text": bad}, files=files
+            )
+            good = await client.post(f"{gw.url}/v1/voices", **upload())
+    for reply in (added, zero_shot):
+        error = reply.json()["error"]
+        assert reply.status_code == 400 and error["code"] == "invalid_text" and error["param"] == "prompt_text"
+        assert error["message"] == "prompt_text is not valid utf-8: byte 0xff at position 6"
+    assert good.status_code == 201  # valid UTF-8 (Chinese) still passes
+    assert [p.stem for p in tmp_path.glob("*.yaml")] == ["alice"]
+    assert yaml.safe_load((tmp_path / "alice.yaml").read_text(encoding="utf-8"))["prompt_text"] == (
+        "希望你以后能够做的比我还好呦。"
+    )
+
+
+async def test_voices_are_served_under_v1_audio_voices_too(tmp_path):
+    # issue 23: the CosyVoice3 servers users compare us with serve them there
+    async with running_gateway(voices_config(tmp_path, api_keys=["k"]), backend=CloningFakeBackend()) as gw:
+        key = {"Authorization": "Bearer k"}
+        async with httpx.AsyncClient(headers=key) as client:
+            added = await client.post(f"{gw.url}/v1/audio/voices", **upload("bob"))
+            both = [(await client.get(f"{gw.url}{path}")).json() for path in ("/v1/voices", "/v1/audio/voices")]
+            deleted = await client.delete(f"{gw.url}/v1/audio/voices/bob")
+            after = (await client.get(f"{gw.url}/v1/audio/voices")).json()
+            unauthorised = await httpx.AsyncClient().get(f"{gw.url}/v1/audio/voices")
+    assert added.status_code == 201 and added.json()["name"] == "bob"
+    assert both[0] == both[1] and "bob" in [v["name"] for v in both[0]["data"]]
+    assert deleted.status_code == 204 and "bob" not in [v["name"] for v in after["data"]]
+    assert unauthorised.status_code == 401

@@ -228,13 +228,15 @@ async def test_llm_failure_becomes_a_spoken_apology():
     assert again.sentences == ["Fine again."]
 
 
-async def test_failing_sentence_is_skipped_and_the_turn_still_ends():
+async def test_a_failing_sentence_ends_the_reply_with_the_apology():
+    # issue 23: the reply ends with the apology (it used to skip the sentence and go on after it)
     llm = ScriptedLLM(["First sentence. ", "This one will BOOM here. ", "Last one."])
     async with running_gateway(backend=fake(fail_on="BOOM"), llm=llm) as gw:
         sim = await connected(gw)
         turn = await sim.ask("go")
         await sim.close()
-    assert turn.sentences == ["First sentence.", "Last one."]
+        apology = gw.services.config.llm.apology
+    assert turn.sentences == ["First sentence.", apology]
     assert isinstance(turn.events[-1], TtsStop)
 
 

@@ -219,6 +219,7 @@ async def test_change_voice_applies_to_the_rest_of_the_reply():
     first_round = [text("好的。"), *call("change_voice", '{"voice": "alt"}')]
     async with scripted_llm(first_round, answer("现在换成新声音了。")) as llm:
         async with running_gateway(config(llm.base_url), backend=backend) as gw:
+            del backend.spoken[:]  # the fixed phrases, made at start-up
             sim = await device(gw)
             await sim.ask("换个声音")
             await sim.close()

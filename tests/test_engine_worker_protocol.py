@@ -14,11 +14,13 @@ from typing import Any
 import msgpack
 import pytest
 
+from gateway.api.errors import api_error
 from gateway.engine_client import EngineClient
 from gateway.engine_client_workers import WorkerSlot
 from tts_engine import TTSEngine, UnknownVoice
 from tts_engine.backends.fake import FakeBackend
-from tts_engine.errors import EngineUnavailable
+from tts_engine.errors import EngineError, EngineUnavailable, SynthesisFailed
+from tts_engine.voices import VoiceError
 from tts_engine.worker import protocol as p
 from tts_engine.worker.server import WorkerServer, parse_address
 
@@ -316,3 +318,19 @@ async def test_a_worker_without_a_token_accepts_a_client_that_sends_one(tmp_path
             assert sum(c.size for c in [c async for c in client.synthesize("hi", sample_rate=RATE)]) > 0
         finally:
             await client.close()
+
+
+@pytest.mark.parametrize(
+    ("cause", "kind", "status"),
+    [(ValueError("text is 2470 characters, the limit is 2000"), ValueError, 400),
+     (VoiceError("zero-shot prompt: too short"), VoiceError, 400),
+     (RuntimeError("CUDA error: out of memory"), EngineError, 500)],
+)  # fmt: skip
+def test_a_failed_requests_cause_crosses_the_boundary_typed(cause, kind, status):
+    # issue 23: the cause used to arrive as EngineError(repr(cause)): every backend refusal became a 500
+    frame = p.FrameReader().feed(p.pack(p.error_message(SynthesisFailed("r1", cause), id="r1")))[0]
+    error = p.error_to_exception(frame, "r1")
+    assert isinstance(error, SynthesisFailed) and type(error.cause) is kind and str(error.cause) == str(cause)
+    in_process = api_error(SynthesisFailed("r1", cause))
+    assert api_error(error).status_code == in_process.status_code == status
+    assert api_error(error).code == in_process.code

@@ -114,3 +114,44 @@ async def test_a_workers_flow_cache_and_steps_show_in_health_and_metrics(dirs: t
         }
         assert values["xz_engine_flow_cache_voice_bytes"] == health["memory"]["engine"]["flow_cache_voice_bytes"]
         assert values["xz_engine_steps_total"] > 0  # reported with the request's end, not only at hello
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+async def test_a_callers_errors_are_the_same_4xx_in_process_and_in_a_worker(
+    dirs: tuple[Path, Path], workers: int
+) -> None:
+    # issue 23: in a worker these were 500 (the backend's ValueError crossed the process boundary untyped)
+    model_dir, voices = dirs
+    overrides = {
+        "tts": {"backend": "cosyvoice", "model_dir": str(model_dir), "voices_dir": str(voices), "device": "cpu",
+                "text_normalization": "off", "cpu_threads": 1},
+        "engine": {"workers": workers, "max_batch_size": 2, "max_llm_len": 256, "worker_start_timeout_s": 120},
+        "audio": {"output_sample_rate": RATE},
+    }  # fmt: skip
+    long = "Hello there. " * 190  # 2,470 characters: under api.max_text_chars (4096), over the engine's 2000
+    async with running_gateway(overrides) as gw, httpx.AsyncClient(timeout=120) as client:
+        assert (await client.get(f"{gw.url}/v1/health")).json()["tts"]["max_text_chars"] == 2000  # announced
+        for path, body in (
+            ("/v1/tts", {"text": long}),
+            ("/v1/audio/speech", {"model": "tts-1", "input": long, "voice": "default"}),
+            ("/tts", {"text": long, "character": "default"}),
+        ):
+            reply = await client.post(f"{gw.url}{path}", json=body)
+            error = reply.json()["error"]
+            assert reply.status_code == 400 and error["code"] == "text_too_long", (path, reply.text)
+            assert "the limit is 2000 (the cosyvoice engine's limit)" in error["message"]
+
+        async def zero_shot(prompt_text: str) -> httpx.Response:
+            files = {"prompt_wav": ("p.wav", prompt_wav(1.0), "audio/wav")}
+            data = {"text": "好。", "prompt_text": prompt_text}
+            return await client.post(f"{gw.url}/tts/zero_shot", data=data, files=files)
+
+        reply = await zero_shot("你" * 5000)  # the transcript is over the engine's limit too
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == "prompt_text"
+        # under the limits, but more prompt positions than a KV slot holds (max_llm_len 256): the backend
+        # refuses it when the request opens, and that refusal arrives typed from the worker
+        reply = await zero_shot("你好，欢迎。" * 60)
+        error = reply.json()["error"]
+        assert reply.status_code == 400 and error["code"] == "refused_by_backend", reply.text
+        assert "the KV cache holds 256" in error["message"]
+        assert (await client.post(f"{gw.url}/v1/tts", json={"text": "好。"})).status_code == 200

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway.http_guard import text_body_cap
 from tests.api_helpers import fake
 from tests.gateway_server import running_gateway
 
@@ -105,7 +106,8 @@ async def test_a_chunked_body_over_the_cap_gets_413_with_a_key():
     assert reply.status_code == 413
     error = reply.json()["error"]
     assert error["code"] == "body_too_large" and error["type"] == "invalid_request_error"
-    assert "limit" in error["message"]
+    cap = text_body_cap(gw.services.config.api)
+    assert error["message"] == f"request body over {cap} bytes; the limit here is {cap} bytes"  # not "of more"
     assert body.sent < READ_AT_MOST, f"the server took {body.sent / MIB:.1f} MiB before answering 413"
     assert small.status_code == 200
 

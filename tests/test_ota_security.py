@@ -152,3 +152,26 @@ async def test_refused_upgrades_give_http_status_and_log_no_error():
     assert statuses == [401, 401, 400, 400]
     errors = [r.getMessage() for r in records.records if r.levelno >= logging.ERROR]
     assert errors == []
+
+
+async def test_mac_addresses_match_whatever_their_case_or_separator():
+    # issue 23: `AA:BB:..` was refused when `aa:bb:..` was listed (and the other way round)
+    async with running_gateway(auth(allowed_devices=[MAC.upper()]), backend=FakeBackend()) as gw:
+        for device_id in (MAC, MAC.upper(), MAC.upper().replace(":", "-")):
+            sim = DeviceSimulator(gw.url, device_id=device_id)
+            sim.token = (await sim.ota())["websocket"]["token"]
+            assert sim.token, device_id  # admitted, with a token for its one normalised id
+            await sim.connect()
+            assert list(gw.services.sessions) == [MAC]  # stored lower case with colons
+            turn = await sim.ask("在吗")
+            assert turn.frames
+            await sim.close()
+            await asyncio.wait_for(_no_sessions(gw), 5)
+        listed = DeviceSimulator(gw.url, device_id=MAC.upper())  # the allow-list without a token
+        await listed.connect()
+        await listed.close()
+
+
+async def _no_sessions(gw) -> None:
+    while len(gw.services.sessions):
+        await asyncio.sleep(0.02)

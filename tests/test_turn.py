@@ -7,13 +7,15 @@ import dataclasses
 
 from gateway.config import Config
 from gateway.llm.tool_calls import ToolCall
+from gateway.phrases import Phrases
 from gateway.reply import Emotion, Reply
 from gateway.segmenter import SentenceSegmenter
 from gateway.tools.runner import ToolLoopSettings
 from gateway.tools.toolset import ToolSet
 from gateway.turn import Turn, TurnRecorder, turn_config
 from gateway.xiaozhi import AudioOut, LlmEmotion, TtsStop
-from tests.turn_fakes import FAST, FakeEngine, ScriptedLLM, SlowTool, names, sentences
+from tests.turn_fakes import FAST, RATE, FakeEngine, FakeStream, ScriptedLLM, SlowTool, names, sentences
+from tts_engine.errors import EngineUnavailable
 
 FIRST = "今天的天气很好阳光明媚。"
 SECOND = "明天也是一个好天气。"
@@ -93,15 +95,63 @@ async def test_a_failed_llm_gives_a_sad_face_and_the_apology() -> None:
     assert sentences(sent) == [FAST.apology] and failures == [None]
 
 
-async def test_a_sentence_lost_with_its_engine_worker_gives_the_apology_and_the_turn_goes_on() -> None:
+async def test_a_sentence_lost_with_its_engine_worker_ends_the_reply_with_the_apology() -> None:
+    # issue 23: the reply ends with the apology; nothing of it is spoken after (it used to go on)
     failed: list[None] = []
     engine = FakeEngine(fail=(FIRST,))
     recorder = TurnRecorder(sentence_failed=lambda: failed.append(None))
     turn, sent = make_turn(ScriptedLLM([FIRST, SECOND]), engine, emotion=False, recorder=recorder)
     await asyncio.wait_for(turn.answer("q", [{"role": "user", "content": "q"}]), 10)
-    assert sentences(sent) == [FAST.apology, SECOND]
-    assert names(sent) == ["stt", "tts start", "sentence", "audio", "sentence", "audio", "tts stop"]
+    assert sentences(sent) == [FAST.apology]
+    assert names(sent) == ["stt", "tts start", "sentence", "audio", "tts stop"]
     assert failed == [None] and turn.result is not None and turn.result.failed_sentences == 1
+
+
+class DownEngine(FakeEngine):
+    """No worker is ready: every request is refused at once (what EngineClient does then)."""
+
+    def synthesize(self, text: str, **kwargs: object) -> FakeStream:  # type: ignore[override]
+        self.texts.append(text)
+        raise EngineUnavailable("no engine worker is ready (unix:w0: restarting)")
+
+
+async def stored_phrases(*texts: str) -> Phrases:
+    phrases = Phrases(texts, sample_rate=RATE, voice="default")
+    await phrases.prepare(FakeEngine())
+    assert phrases.missing == []
+    return phrases
+
+
+async def test_a_turn_while_no_engine_is_ready_plays_the_stored_apology() -> None:
+    # issue 23: such turns were `tts start` + `tts stop` with nothing in between (silent)
+    phrases = await stored_phrases(FAST.apology)
+    engine = DownEngine()
+    turn, sent = make_turn(ScriptedLLM([FIRST, SECOND]), engine, emotion=False, phrases=phrases)
+    await asyncio.wait_for(turn.answer("q", [{"role": "user", "content": "q"}]), 10)
+    assert names(sent) == ["stt", "tts start", "sentence", "audio", "tts stop"]
+    assert sentences(sent) == [FAST.apology]
+    assert engine.texts == [FIRST]  # refused once; the apology is stored; nothing of the reply after it
+    assert sum(isinstance(m, AudioOut) for m in sent) == 4  # the stored 240 ms
+    assert turn.result is not None and turn.result.failed_sentences == 1
+
+
+async def test_without_stored_audio_the_apology_text_still_reaches_the_device() -> None:
+    turn, sent = make_turn(ScriptedLLM([FIRST]), DownEngine(), emotion=False)
+    await asyncio.wait_for(turn.answer("q", [{"role": "user", "content": "q"}]), 10)
+    assert names(sent) == ["stt", "tts start", "sentence", "tts stop"]
+    assert sentences(sent) == [FAST.apology]
+
+
+async def test_fixed_phrases_are_played_from_the_store_in_their_voice_only() -> None:
+    phrases = await stored_phrases("请稍等。")
+    engine = FakeEngine()
+    turn, sent = make_turn(ScriptedLLM(["请稍等。", FIRST]), engine, emotion=False, phrases=phrases)
+    await asyncio.wait_for(turn.answer("q", [{"role": "user", "content": "q"}]), 10)
+    assert sentences(sent) == ["请稍等。", FIRST] and engine.texts == [FIRST]
+    other = FakeEngine()
+    turn, sent = make_turn(ScriptedLLM(["请稍等。"]), other, emotion=False, phrases=phrases, voice="other")
+    await asyncio.wait_for(turn.answer("q", [{"role": "user", "content": "q"}]), 10)
+    assert sentences(sent) == ["请稍等。"] and other.texts == ["请稍等。"]  # another voice: synthesised
 
 
 async def test_a_slow_tool_call_gets_its_filler_before_the_answer() -> None:

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from tts_engine.build import build_engine, read_config
 from tts_engine.worker.server import WorkerServer, parse_address
@@ -32,6 +33,15 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--device", default=None, help="cuda:0, cpu... (default: tts.device)")
     serve.add_argument("--listen", required=True, help="unix:PATH or tcp://HOST:PORT")
     serve.add_argument("--config", default=None, help="the gateway's config file (YAML or JSON)")
+    serve.add_argument(
+        "--config-stdin",
+        action="store_true",
+        help="read the config as one line of JSON from stdin (how a gateway hands its workers the "
+        "tts/engine/gpu sections: no file holds them); implies --exit-on-stdin-eof",
+    )
+    serve.add_argument(
+        "--scratch-dir", default=None, help="where uploaded voice recordings go (default: a temp dir)"
+    )
     serve.add_argument("--backend-options", default=None, help="JSON constructor keywords for the backend")
     serve.add_argument(
         "--token-file",
@@ -50,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         parse_address(args.listen)
-        config = read_config(args.config)
+        config = read_config_line(sys.stdin.buffer) if args.config_stdin else read_config(args.config)
         options = json.loads(args.backend_options) if args.backend_options else None
         token = read_token(args.token_file)
     except (OSError, ValueError) as exc:
@@ -64,8 +74,23 @@ def main(argv: list[str] | None = None) -> int:
     if backend == "auto":
         backend = "cosyvoice"
     device = args.device or tts.get("device", "auto")
-    asyncio.run(_serve(backend, device, args.listen, config, options, args.exit_on_stdin_eof, token))
+    exit_on_eof = args.exit_on_stdin_eof or args.config_stdin
+    asyncio.run(_serve(backend, device, args.listen, config, options, exit_on_eof, token, args.scratch_dir))
     return 0
+
+
+MAX_CONFIG_LINE = 1 << 20
+
+
+def read_config_line(stdin: BinaryIO) -> dict[str, Any]:
+    """The config a gateway writes to a worker's stdin: one line of JSON (a mapping), at most 1 MiB."""
+    line = stdin.readline(MAX_CONFIG_LINE + 1)
+    if not line.endswith(b"\n"):
+        raise ValueError("--config-stdin: no complete line of JSON on stdin (at most 1 MiB)")
+    data = json.loads(line)
+    if not isinstance(data, dict):
+        raise ValueError("--config-stdin: the config must be a JSON object")
+    return data
 
 
 def read_token(path: str | None) -> str:
@@ -84,10 +109,11 @@ async def _serve(
     options: dict | None,
     exit_on_stdin_eof: bool,
     token: str = "",
+    scratch_dir: str | None = None,
 ) -> None:
     engine = build_engine(backend, device, config, options)
     await engine.start()
-    server = WorkerServer(engine, device=device, listen=listen, token=token)
+    server = WorkerServer(engine, device=device, listen=listen, token=token, scratch_dir=scratch_dir)
     listener = await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -44,6 +44,12 @@ def check_arguments(text: str, sample_rate: int, speed: float) -> None:
         raise ValueError(f"speed must be a number in [{MIN_SPEED}, {MAX_SPEED}], got {speed!r}")
 
 
+def check_text_length(text: str, max_text_chars: int | None) -> None:
+    """ValueError when ``text`` is longer than the engine takes (the backend's ``max_text_chars``)."""
+    if max_text_chars is not None and len(text) > max_text_chars:
+        raise ValueError(f"text is {len(text)} characters, the limit is {max_text_chars}")
+
+
 def resolve_voice(voice: str | None, default: str, voices: Sequence[str]) -> str:
     """``voice`` (``default`` when None), or UnknownVoice when the engine does not offer it."""
     voice = default if voice is None else voice

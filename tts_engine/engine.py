@@ -46,6 +46,7 @@ from tts_engine.arguments import (
     check_arguments,
     check_instruct,
     check_req_id,
+    check_text_length,
     check_zero_shot,
     resolve_voice,
 )
@@ -82,6 +83,7 @@ class TTSEngine:
         self.max_buffered_chunks = max_buffered_chunks
         self._voices = list(backend.voices())
         self._default_voice = backend.default_voice
+        self.max_text_chars = backend.max_text_chars  # read once, like the backend's limits
         self._engine = EngineLoop(
             backend,
             max_buffered_chunks=max_buffered_chunks,
@@ -161,6 +163,7 @@ class TTSEngine:
             "default_voice": self.default_voice,
             "supports_cloning": self.supports_cloning,
             "text_normalization": self.text_normalization,
+            "max_text_chars": self.max_text_chars,
             "state": self._state(),
             "live_requests": stats["live"],
             "open_streams": len(self._streams),
@@ -177,6 +180,7 @@ class TTSEngine:
                 "max_queue_wait_s": self.max_queue_wait_s,
             },
             "memory": self._backend.memory_stats(),
+            "step_running_s": self._engine.step_running_s(),
             "stats": stats,
         }
 
@@ -241,6 +245,7 @@ class TTSEngine:
         """
         self._check_open()
         check_arguments(text, sample_rate, speed)
+        check_text_length(text, self.max_text_chars)
         voice = resolve_voice(voice, self._default_voice, self._voices)
         return self._submit(
             text, voice, sample_rate, req_id, speed, check_instruct(instruct), playback_ahead=playback_ahead
@@ -264,6 +269,7 @@ class TTSEngine:
         """
         self._check_open()
         check_arguments(text, sample_rate, speed)
+        check_text_length(text, self.max_text_chars)
         prompt_text = check_zero_shot(self.backend_name, self._backend.supports_cloning, prompt_text)
         audio = decode_prompt_wav(prompt_wav)
         return self._submit(text, "", sample_rate, req_id, speed, check_instruct(instruct), audio, prompt_text)

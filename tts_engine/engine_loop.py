@@ -16,6 +16,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -124,6 +125,9 @@ class EngineLoop:
         )  # fmt: skip
         self._is_shutting_down = False
         self.crash: BaseException | None = None
+        # when the step under way began (time.monotonic()); None between steps. Read from the loop: a
+        # step that runs far longer than any should is a stuck engine (the worker's watchdog, issue 23)
+        self.step_started: float | None = None
 
     # -- any thread ----------------------------------------------------------------------------------
 
@@ -138,6 +142,11 @@ class EngineLoop:
         self._loop = loop
         self._thread = threading.Thread(target=self._run, name=f"tts-engine-{self.backend_name}", daemon=True)
         self._thread.start()
+
+    def step_running_s(self) -> float:
+        """How long the step under way has been running (0 between steps); any thread."""
+        started = self.step_started
+        return 0.0 if started is None else max(0.0, time.monotonic() - started)
 
     def join(self, timeout: float) -> None:
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -176,7 +185,11 @@ class EngineLoop:
                 block = not scheduler.has_work()
                 self._process_inbox(block=block, timeout=scheduler.get_wait_timeout() if block else None)
                 if not self._is_shutting_down:
-                    self._step()
+                    self.step_started = time.monotonic()
+                    try:
+                        self._step()
+                    finally:
+                        self.step_started = None
         except _LoopGone:
             logger.warning("event loop closed under the TTS engine; stopping its thread")
         except BaseException as exc:  # noqa: BLE001 - reported to every open stream, then the thread ends

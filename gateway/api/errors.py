@@ -17,6 +17,7 @@ from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException  # what FastAPI raises for a body it could not parse
 
 from audio_codecs.errors import AudioCodecError
 from tts_engine.errors import (
@@ -135,6 +136,10 @@ class ApiRoute(APIRoute):
                 return await handler(request)
             except ApiError as exc:
                 return exc.response()
+            except HTTPException as exc:
+                if isinstance(exc.__cause__, ApiError):  # raised while FastAPI read the body (forms.py)
+                    return exc.__cause__.response()
+                raise
             except RequestValidationError as exc:
                 message, param = validation_message(exc.errors())
                 return ApiError(400, message, code="invalid_request", param=param).response()
@@ -144,4 +149,15 @@ class ApiRoute(APIRoute):
 
 class UploadRoute(ApiRoute):
     """A route that takes a prompt recording; ``gateway.http_guard`` gives its path the larger body cap
-    (``api.max_prompt_bytes`` on top of the text cap)."""
+    (``api.max_prompt_bytes`` on top of the text cap). Its multipart text fields must be valid UTF-8
+    (``gateway.api.forms``: 400 ``invalid_text``, not mojibake)."""
+
+    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+        from gateway.api.forms import StrictFormRequest  # imports this module
+
+        handler = super().get_route_handler()
+
+        async def handle(request: Request) -> Response:
+            return await handler(StrictFormRequest(request.scope, request.receive, request._send))
+
+        return handle

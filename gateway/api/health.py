@@ -1,6 +1,7 @@
 """``GET /v1/health``: for humans and probes; never needs an API key.
 
-The gateway's summary (``status``, ``sessions``, ``tts``, ``llm``, ``asr``, ``audio``, and ``checks``: the
+The gateway's summary (``status``: ``ok`` / ``degraded`` / ``unavailable`` with its ``reasons``, the HTTP
+status 503 when unavailable; ``sessions``, ``tts``, ``llm``, ``asr``, ``audio``, and ``checks``: the
 start-up model checks, ``[{name, status, detail, fix}]``, gateway/model_check.py; see ``Services.health``) plus what TTS clients ask about: the compute ``device``, the ``engine`` and its
 model and its worker processes (``engine.workers``), the ``voices`` on offer, and ``memory`` (the configured budget and what is in use).
 """
@@ -22,7 +23,10 @@ router = APIRouter(tags=["health"])
 
 @router.get("/v1/health")
 async def health(request: Request) -> JSONResponse:
-    return JSONResponse(health_report(request.app.state.services))
+    """200 while the gateway can speak (``status`` ``ok`` or ``degraded``), 503 while it cannot
+    (``unavailable``: no engine worker ready), so a load balancer's probe can act on the status alone."""
+    report = health_report(request.app.state.services)
+    return JSONResponse(report, status_code=503 if report["status"] == "unavailable" else 200)
 
 
 def health_report(services: Services) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Depends, Path, Request, Response
 from gateway.api.auth import require_api_key
 from gateway.api.errors import ApiError, ApiRoute
 from gateway.services import Services
+from gateway.xiaozhi.handshake import normalize_device_id
 
 router = APIRouter(route_class=ApiRoute, dependencies=[Depends(require_api_key)], tags=["devices"])
 
@@ -26,6 +27,7 @@ async def delete_device_memory(
     request: Request, device_id: Annotated[str, Path(min_length=1, max_length=MAX_DEVICE_ID_CHARS)]
 ) -> Response:
     services: Services = request.app.state.services
+    device_id = normalize_device_id(device_id) or device_id  # as the device's session stores it
     if services.memory is None:
         raise ApiError(404, "conversation memory is off (session.memory: none)", code="memory_off")
     session = services.sessions.get(device_id)

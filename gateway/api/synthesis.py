@@ -97,13 +97,13 @@ def _report_fallback(voice: str, default: str) -> None:
 def check_text(services: Services, text: str, *, param: str = "text") -> str:
     """The text every speech endpoint speaks: not empty, within ``api.max_text_chars``, encodable as
     UTF-8 (no lone surrogate) and with something to say (a letter or digit outside emoji); else 400."""
-    limit = services.config.api.max_text_chars
+    limit, source = text_limit(services)
     if not text.strip():
         raise ApiError(400, f"{param} is empty", code="empty_text", param=param)
     if len(text) > limit:
         raise ApiError(
             400,
-            f"{param} has {len(text)} characters; the limit is {limit} (api.max_text_chars)",
+            f"{param} has {len(text)} characters; the limit is {limit} ({source})",
             code="text_too_long",
             param=param,
         )
@@ -123,6 +123,16 @@ def check_text(services: Services, text: str, *, param: str = "text") -> str:
             param=param,
         )
     return text
+
+
+def text_limit(services: Services) -> tuple[int, str]:
+    """The longest text a speech endpoint takes and where that number comes from: ``api.max_text_chars``,
+    or the engine's own limit (its backend's, announced by its workers) where that is lower."""
+    limit = services.config.api.max_text_chars
+    engine_limit = getattr(services.engine, "max_text_chars", None)
+    if isinstance(engine_limit, int) and engine_limit < limit:
+        return engine_limit, f"the {services.engine.backend_name} engine's limit"
+    return limit, "api.max_text_chars"
 
 
 def check_sample_rate(services: Services, sample_rate: int | None, *, param: str = "sample_rate") -> int:

@@ -1,5 +1,7 @@
 """Voices at run time: list, add (clone from a prompt recording), remove; and one-off cloning.
 
+Each ``/v1/voices`` route is also served under ``/v1/audio/voices``, where other CosyVoice3 servers have it.
+
 - ``GET /v1/voices``: every voice the engine offers (built-in and presets), the default, the aliases.
 - ``POST /v1/voices`` (multipart: ``name``, ``prompt_wav``, ``prompt_text``, optional ``instruct``,
   ``description``, ``overwrite``): the recording is checked, staged as ``voices/<name>.<hash>.wav``, its
@@ -42,6 +44,7 @@ from gateway.api.synthesis import (
     encoded_body,
     first_chunk,
     services_of,
+    text_limit,
     until_disconnect,
 )
 from gateway.services import Services
@@ -55,7 +58,9 @@ log = logging.getLogger(__name__)
 router = APIRouter(route_class=UploadRoute, dependencies=[Depends(require_api_key)], tags=["voices"])
 
 
+# /v1/audio/voices: the same routes where the CosyVoice3 servers users compare us with serve them
 @router.get("/v1/voices")
+@router.get("/v1/audio/voices")
 async def list_voices(request: Request) -> JSONResponse:
     services = services_of(request)
     engine = services.engine
@@ -77,6 +82,7 @@ async def list_voices(request: Request) -> JSONResponse:
 
 
 @router.post("/v1/voices", status_code=201)
+@router.post("/v1/audio/voices", status_code=201)
 async def add_voice(
     request: Request,
     name: Annotated[str, Form(description="[A-Za-z0-9_-]{1,64}")],
@@ -91,7 +97,7 @@ async def add_voice(
     engine = services.engine
     store = _store(services)
     _require_cloning(services)
-    _check_transcript(prompt_text)
+    _check_transcript(services, prompt_text)
     try:
         check_voice_name(name)
     except EngineError as exc:
@@ -124,10 +130,13 @@ async def add_voice(
             await asyncio.wait({unit})  # keep the voice lock until the unit is done
             raise
     log.info("voice %r added (%s)", name, preset.prompt_wav)
+    if services.phrases is not None:  # the fixed phrases are spoken in it: make them again
+        services.phrases.voice_changed(engine, name)
     return JSONResponse(_describe(services, name), status_code=201)
 
 
 @router.delete("/v1/voices/{name}", status_code=204, response_class=Response)
+@router.delete("/v1/audio/voices/{name}", status_code=204, response_class=Response)
 async def delete_voice(request: Request, name: str) -> Response:
     services = services_of(request)
     engine = services.engine
@@ -150,6 +159,8 @@ async def delete_voice(request: Request, name: str) -> Response:
         if name in store:
             await asyncio.to_thread(store.remove, name)
     log.info("voice %r removed", name)
+    if services.phrases is not None:
+        services.phrases.voice_changed(engine, name)
     return Response(status_code=204)
 
 
@@ -168,7 +179,7 @@ async def zero_shot(
     services = services_of(request)
     _require_cloning(services)
     check_text(services, text)
-    _check_transcript(prompt_text)
+    _check_transcript(services, prompt_text)
     rate = check_sample_rate(services, sample_rate)
     check_audio_format(format, rate, allowed=("pcm", "wav"))
     wav = await read_prompt_upload(services, prompt_wav)
@@ -254,10 +265,14 @@ async def read_prompt_upload(services: Services, upload: UploadFile) -> bytes:
     return wav_bytes(float_to_int16(samples), rate)  # mp3, flac, ... -> WAV for the voice store
 
 
-def _check_transcript(prompt_text: str) -> None:
+def _check_transcript(services: Services, prompt_text: str) -> None:
     if not prompt_text.strip():
         raise ApiError(400, "prompt_text (the transcript of prompt_wav) is empty", code="empty_prompt_text",
                        param="prompt_text")  # fmt: skip
+    limit, source = text_limit(services)
+    if len(prompt_text) > limit:
+        raise ApiError(400, f"prompt_text has {len(prompt_text)} characters; the limit is {limit} ({source})",
+                       code="text_too_long", param="prompt_text")  # fmt: skip
 
 
 def _too_large(size: int, services: Services) -> ApiError:

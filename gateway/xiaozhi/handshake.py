@@ -59,7 +59,7 @@ def parse_handshake(headers: Mapping[str, str], query: Mapping[str, str]) -> Han
         return None
 
     return HandshakeInfo(
-        device_id=check_identity("Device-Id", lookup("device-id")),
+        device_id=normalize_device_id(check_identity("Device-Id", lookup("device-id"))),
         client_id=check_identity("Client-Id", lookup("client-id")),
         token=_token_from_authorization(lookup("authorization")),
         protocol_version=_protocol_version(
@@ -68,6 +68,17 @@ def parse_handshake(headers: Mapping[str, str], query: Mapping[str, str]) -> Han
             or query_values.get("version", "").strip()
         ),
     )
+
+
+_MAC = re.compile(r"[0-9A-Fa-f]{2}([:-])[0-9A-Fa-f]{2}(?:\1[0-9A-Fa-f]{2}){4}")
+
+
+def normalize_device_id(value: str | None) -> str | None:
+    """A Device-Id as it is compared and stored: a MAC address in lower case with colons
+    (``AA-BB-CC-DD-EE-FF`` -> ``aa:bb:cc:dd:ee:ff``, as the firmware sends it); anything else unchanged."""
+    if value is None or not _MAC.fullmatch(value):
+        return value
+    return value.lower().replace("-", ":")
 
 
 def check_identity(name: str, value: str | None) -> str | None:

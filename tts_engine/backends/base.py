@@ -61,6 +61,9 @@ class Backend(ABC):
     """``open_stream()`` takes ``instruct``; without it the engine drops the instruction."""
     reads_raw_text: bool = False
     """The backend reads digits and symbols itself: the engine's text normaliser is not applied."""
+    max_text_chars: int | None = None
+    """The longest text ``open_stream()`` takes (None: no limit); the engine refuses longer text at once
+    and announces the number (worker hello, ``/v1/health``), so the API refuses it before it is sent."""
 
     @abstractmethod
     def voices(self) -> list[str]:

@@ -2,7 +2,8 @@
 
 Each voice gets its own pitch (220 Hz for the first, then a quarter-tone of spacing per voice), so tests can
 tell voices apart. ``compute_delay_s`` sleeps per chunk in the engine thread to emulate a slow model;
-text containing ``fail_on`` makes ``next_chunk()`` raise after ``fail_after_chunks`` chunks.
+text containing ``fail_on`` makes ``next_chunk()`` raise after ``fail_after_chunks`` chunks; text
+containing ``hang_on`` makes its first chunk take ``hang_s`` (a stuck engine step, for the stall tests).
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ class FakeStream(BackendStream):
         delay_s: float,
         fail_at: int | None,
         on_close: Callable[[], None],
+        hang_s: float = 0.0,
     ) -> None:
+        self._hang_s = hang_s
         self._num_samples = num_samples
         self._sample_rate = sample_rate
         self._chunk_samples = chunk_samples
@@ -70,6 +73,9 @@ class FakeStream(BackendStream):
             raise FakeSynthesisError("text contains the fake backend's fail_on marker")
         if self._pos >= self._num_samples:
             return None
+        if self._hang_s > 0:
+            time.sleep(self._hang_s)
+            self._hang_s = 0.0
         if self._delay_s > 0:
             time.sleep(self._delay_s)
         end = min(self._pos + self._chunk_samples, self._num_samples)
@@ -105,6 +111,8 @@ class FakeBackend(Backend):
         fail_on: str | None = None,
         fail_after_chunks: int = 0,
         voices: Sequence[str] = ("default",),
+        hang_on: str | None = None,
+        hang_s: float = 0.0,
     ) -> None:
         if sample_rate <= 0:
             raise ValueError(f"sample_rate must be positive, got {sample_rate}")
@@ -118,8 +126,12 @@ class FakeBackend(Backend):
             raise ValueError(f"fail_after_chunks must be >= 0, got {fail_after_chunks}")
         if isinstance(voices, str) or not voices:
             raise ValueError("voices must be a non-empty sequence of names")
-        if fail_on == "":
-            raise ValueError("fail_on must be None or a non-empty string")
+        if fail_on == "" or hang_on == "":
+            raise ValueError("fail_on and hang_on must be None or a non-empty string")
+        if hang_s < 0:
+            raise ValueError(f"hang_s must be >= 0, got {hang_s}")
+        self.hang_on = hang_on
+        self.hang_s = hang_s
         self.sample_rate = sample_rate
         self.chunk_ms = chunk_ms
         self.ms_per_char = ms_per_char
@@ -154,6 +166,7 @@ class FakeBackend(Backend):
             delay_s=self.compute_delay_s,
             fail_at=self.fail_after_chunks if fails else None,
             on_close=self._count_closed,
+            hang_s=self.hang_s if self.hang_on is not None and self.hang_on in text else 0.0,
         )
         self.num_streams_opened += 1
         return stream

@@ -54,9 +54,10 @@ END = "end"  # id, in_flight, report (as in hello: load, steps, memory)
 ERROR = "error"  # kind, message [, id | call]
 RESULT = "result"  # call, voices, default_voice [, report]
 VOICES = "voices"  # change ("add" | "remove"), name, voices, default_voice: another connection's change
+REPORT = "report"  # report: the load changed without an ``end`` (an abort, a connection gone)
 
 CLIENT_TYPES = frozenset({SYNTH, CREDIT, AHEAD, ABORT, VOICE_ADD, VOICE_REMOVE, HEALTH})
-WORKER_TYPES = frozenset({HELLO, CHUNK, END, ERROR, RESULT, VOICES})
+WORKER_TYPES = frozenset({HELLO, CHUNK, END, ERROR, RESULT, VOICES, REPORT})
 
 # error kinds
 UNKNOWN_VOICE = "unknown_voice"
@@ -106,7 +107,10 @@ def error_message(exc: BaseException, **ids: Any) -> dict[str, Any]:
     if isinstance(exc, EngineOverloaded):
         kind = OVERLOADED
     elif isinstance(exc, SynthesisFailed):
-        return {"t": ERROR, "kind": SYNTHESIS_FAILED, "message": repr(exc.cause), **ids}
+        # the cause's type travels too: a backend that refuses the caller's input (ValueError, VoiceError)
+        # is the caller's fault (400), anything else the engine's (500), as in process (gateway/api/errors.py)
+        return {"t": ERROR, "kind": SYNTHESIS_FAILED, "message": str(exc.cause), "cause": _cause_kind(exc.cause),
+                **ids}  # fmt: skip
     elif isinstance(exc, VoiceError):
         kind = VOICE_ERROR
     elif isinstance(exc, EngineClosed):
@@ -120,6 +124,15 @@ def error_message(exc: BaseException, **ids: Any) -> dict[str, Any]:
     return {"t": ERROR, "kind": kind, "message": str(exc), **ids}
 
 
+def _cause_kind(cause: BaseException) -> str:
+    """What a failed request's cause was: the caller's input (``bad_argument``, ``voice_error``) or not."""
+    if isinstance(cause, VoiceError):
+        return VOICE_ERROR
+    if isinstance(cause, ValueError | TypeError):
+        return BAD_ARGUMENT
+    return SYNTHESIS_FAILED
+
+
 def error_to_exception(message: dict[str, Any], req_id: str = "") -> BaseException:
     """The client side of ``error_message``: the engine exception a local engine would have raised."""
     kind, text = message.get("kind"), str(message.get("message", ""))
@@ -131,7 +144,13 @@ def error_to_exception(message: dict[str, Any], req_id: str = "") -> BaseExcepti
     if kind == OVERLOADED:
         return EngineOverloaded(text)
     if kind == SYNTHESIS_FAILED:
-        return SynthesisFailed(req_id, EngineError(text))
+        cause_kind = message.get("cause")
+        cause: BaseException = (
+            ValueError(text) if cause_kind == BAD_ARGUMENT
+            else VoiceError(text) if cause_kind == VOICE_ERROR
+            else EngineError(text)
+        )  # fmt: skip
+        return SynthesisFailed(req_id, cause)
     if kind == VOICE_ERROR:
         return VoiceError(text)
     if kind == BAD_ARGUMENT:

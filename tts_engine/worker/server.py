@@ -16,6 +16,7 @@ import contextlib
 import hmac
 import logging
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -33,15 +34,30 @@ AUTH_TIMEOUT_S = 5.0  # a worker with a token waits this long for a connection's
 
 
 class WorkerServer:
-    def __init__(self, engine: TTSEngine, *, device: str = "cpu", listen: str = "", token: str = "") -> None:
-        """``token``: when set, a connection must send it in an ``auth`` frame before anything else."""
+    def __init__(
+        self,
+        engine: TTSEngine,
+        *,
+        device: str = "cpu",
+        listen: str = "",
+        token: str = "",
+        scratch_dir: str | Path | None = None,
+    ) -> None:
+        """``token``: when set, a connection must send it in an ``auth`` frame before anything else.
+        ``scratch_dir``: where voice recordings sent with ``voice_add`` are written (a folder of the
+        gateway that started this worker); else a temp dir of its own, removed at ``close()``."""
         self.engine = engine
         self.device = device
         self.listen = listen
         self.token = token
-        self._voice_dir = Path(tempfile.mkdtemp(prefix="tts-worker-voices-"))
+        if scratch_dir is not None:
+            self._voice_dir = Path(scratch_dir) / f"voices-{os.getpid()}"
+            self._voice_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        else:
+            self._voice_dir = Path(tempfile.mkdtemp(prefix="tts-worker-voices-"))
         self._connections: set[_Connection] = set()
         self.counts = {"connections_total": 0, "protocol_errors": 0, "outbox_full_waits": 0, "auth_failures": 0}
+        self._report_due = False  # a ``report`` to every connection is scheduled for this loop tick
 
     # -- reports ---------------------------------------------------------------------------------
 
@@ -63,6 +79,9 @@ class WorkerServer:
             "pid": os.getpid(),
             "device": self.device,
             "steps_total": int((health.get("stats") or {}).get("steps_total", 0)),  # scripts/bench_gateway.py
+            # how long the engine's current step has run (0 between steps): gateways take a step far
+            # longer than any should for a stuck engine (docs/engine-workers.md, "Stalls")
+            "step_running_s": round(float(health.get("step_running_s") or 0.0), 3),
             # the engine's memory plan and use (flow cache included): /v1/health and /metrics of the gateway
             "memory": {k: v for k, v in (health.get("memory") or {}).items() if _is_number(v)},
             **self.counts,
@@ -81,6 +100,7 @@ class WorkerServer:
             "text_normalization": engine.text_normalization,
             "max_buffered_chunks": engine.max_buffered_chunks,
             "max_pending_requests": engine.max_pending_requests,
+            "max_text_chars": engine.max_text_chars,
             **self.report(),
         }
 
@@ -107,13 +127,31 @@ class WorkerServer:
             connection.finished.set()
 
     async def close(self, timeout_s: float = 5.0) -> None:
-        """Drop every connection (their requests abort) and wait for their tasks to finish."""
+        """Drop every connection (their requests abort), wait for their tasks to finish, remove the
+        voice recordings written here."""
         for connection in list(self._connections):
             connection.writer.transport.abort()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
                 while self._connections:
                     await next(iter(self._connections)).finished.wait()
+        shutil.rmtree(self._voice_dir, ignore_errors=True)
+
+    def load_changed(self) -> None:
+        """Requests left without an ``end`` (aborted, or their connection went away): tell every connection
+        the new load at the end of this loop tick (one ``report`` however many left in it), so each
+        gateway's routing sees the worker's real in-flight count at once, not at its next request's end."""
+        if self._report_due:
+            return
+        self._report_due = True
+        asyncio.get_running_loop().call_soon(self._send_report)
+
+    def _send_report(self) -> None:
+        self._report_due = False
+        message = {"t": p.REPORT, "report": self.report()}
+        for connection in list(self._connections):
+            if connection.greeted and not connection.closing:
+                connection._spawn(connection.send(message))
 
     def voices_changed(self, change: str, name: str, *, origin: _Connection) -> None:
         """Tell every other connection (other gateways) that ``origin`` changed the voice set."""
@@ -141,6 +179,7 @@ class _Connection:
         self.tasks: set[asyncio.Task[None]] = set()
         self.finished = asyncio.Event()
         self.greeted = False  # authenticated (where a token is needed) and sent the hello
+        self.closing = False  # its reader ended: nothing more is queued for it
 
     async def run(self) -> None:
         writer_task = asyncio.create_task(self._write_out())
@@ -153,8 +192,13 @@ class _Connection:
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
+            self.closing = True
+            had_requests = bool(self.streams)
             for stream in list(self.streams.values()):
                 await stream.aclose()  # the client went away: its requests stop in the engine
+            self.streams.clear()
+            if had_requests:
+                self.server.load_changed()
             for task in list(self.tasks):
                 task.cancel()
             await asyncio.gather(*self.tasks, return_exceptions=True)
@@ -242,6 +286,7 @@ class _Connection:
             stream = self.streams.pop(_str(message, "id"), None)
             if stream is not None:
                 await stream.aclose()
+                self.server.load_changed()
         elif kind in (p.VOICE_ADD, p.VOICE_REMOVE, p.HEALTH):
             call = message.get("call")
             if not isinstance(call, int):
