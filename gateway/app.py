@@ -36,7 +36,7 @@ def create_app(config: Config, *, services: Services | None = None) -> FastAPI:
             svc.engine.backend_name,
             config.llm.provider,
             svc.asr.name,
-            config.audio.output_sample_rate,
+            svc.turns.sample_rate,
         )
         try:
             yield

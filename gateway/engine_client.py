@@ -1,4 +1,5 @@
-"""``EngineClient``: the TTS engine's interface, served by engine worker processes (docs/engine-workers.md).
+"""``EngineClient``: the engine interface (``SpeechEngine``, tts_engine/interface.py) served by engine
+worker processes (docs/engine-workers.md).
 
 Device sessions and the HTTP/WS API use it exactly like an in-process ``TTSEngine``: ``synthesize()``
 returns a ``SynthesisStream`` (a ``RemoteStream``) at once, ``abort()``, ``add_voice()``,
@@ -14,6 +15,7 @@ run time are sent to every worker and replayed to each one that (re)connects.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -30,11 +32,14 @@ from tts_engine.arguments import (
     resolve_voice,
 )
 from tts_engine.errors import EngineClosed, EngineError, EngineOverloaded, EngineUnavailable
+from tts_engine.interface import EngineInfo
 from tts_engine.request import SynthesisStream
 from tts_engine.voices import VoiceError, VoicePreset, decode_prompt_wav
-from tts_engine.worker import protocol as p
+from tts_engine.worker import frames as f
 
 log = logging.getLogger(__name__)
+
+NOT_CONNECTED = EngineInfo(backend="", sample_rate=0)  # what the client is before a worker's hello
 
 
 class EngineClient:
@@ -46,11 +51,11 @@ class EngineClient:
         if not slots:
             raise ValueError("EngineClient needs at least one worker")
         self.slots = slots
-        self.max_pending_requests = max_pending_requests
+        self.max_pending_requests = max_pending_requests  # this gateway's cap on its open requests
         self.start_timeout_s = start_timeout_s
         for slot in slots:
             slot._on_ready = self._replay_voices
-        self._hello: dict[str, Any] = {}
+        self._info = NOT_CONNECTED  # from the first worker's hello
         self._voices: list[str] = []
         self._default_voice = ""
         self._added: dict[str, VoicePreset] = {}  # run-time voices, replayed to every (re)connected worker
@@ -64,30 +69,34 @@ class EngineClient:
     # -- properties (from the first worker's hello) ----------------------------------------------
 
     @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    @property
     def backend_name(self) -> str:
-        return str(self._hello.get("backend", ""))
+        return self._info.backend
 
     @property
     def sample_rate(self) -> int:
-        return int(self._hello.get("sample_rate", 0))
+        """The workers' backend's native rate."""
+        return self._info.sample_rate
 
     @property
     def supports_cloning(self) -> bool:
-        return bool(self._hello.get("supports_cloning", False))
+        return self._info.supports_cloning
 
     @property
     def text_normalization(self) -> str:
-        return str(self._hello.get("text_normalization", "off"))
+        return self._info.text_normalization
 
     @property
     def max_text_chars(self) -> int | None:
         """The workers' text limit (their backend's), announced in their hello; None: no limit."""
-        value = self._hello.get("max_text_chars")
-        return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+        return self._info.max_text_chars
 
     @property
     def max_buffered_chunks(self) -> int:
-        return int(self._hello.get("max_buffered_chunks", 8))
+        return self._info.max_buffered_chunks
 
     @property
     def voices(self) -> list[str]:
@@ -97,12 +106,16 @@ class EngineClient:
     def default_voice(self) -> str:
         return self._default_voice
 
+    def resolve_voice(self, voice: str | None) -> str:
+        """``voice`` as it would be spoken: the default for None; ``UnknownVoice`` if not offered."""
+        return resolve_voice(voice, self._default_voice, self._voices)
+
     @property
     def is_running(self) -> bool:
         return self._is_running and not self._is_closed
 
     @property
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, int | float]:
         links = [slot.link for slot in self.slots if slot.link is not None]
         return {
             **self._counts,
@@ -115,7 +128,7 @@ class EngineClient:
             "link_protocol_errors": sum(link.counts["protocol_errors"] for link in links),
             "link_outbox_full": sum(link.counts["outbox_full"] for link in links),
             # engine steps of the ready workers, as of their latest report (sent with each request's end)
-            "steps_total": sum(int(link.report.get("steps_total") or 0) for link in links),
+            "steps_total": sum(link.report.steps_total for link in links),
             **summed_memory(links),
         }
 
@@ -124,13 +137,10 @@ class EngineClient:
         workers = [slot.health() for slot in self.slots]
         ready = [w for w in workers if w["state"] == "ready"]
         return {
-            "backend": self.backend_name,
-            "sample_rate": self.sample_rate,
+            **self._info.as_dict(),
+            "max_pending_requests": self.max_pending_requests,
             "voices": self.voices,
             "default_voice": self.default_voice,
-            "supports_cloning": self.supports_cloning,
-            "text_normalization": self.text_normalization,
-            "max_text_chars": self.max_text_chars,
             # running: a worker takes requests; unavailable: none does now (restarting, stalled, failed)
             "state": "closed" if self._is_closed else "running" if ready
             else "unavailable" if self._is_running else "new",  # fmt: skip
@@ -160,7 +170,7 @@ class EngineClient:
                 outcomes = await asyncio.gather(*waits, return_exceptions=True)
         except TimeoutError:
             outcomes = [TimeoutError(f"not ready within {self.start_timeout_s:.0f} s")]
-        if not self._hello:
+        if self._info is NOT_CONNECTED:
             errors = [o for o in outcomes if isinstance(o, BaseException)]
             await self.close()  # stop the slots' retries and their processes; nothing is left behind
             raise EngineUnavailable(f"no engine worker started: {errors[0] if errors else 'unknown'}")
@@ -175,20 +185,21 @@ class EngineClient:
         self._is_closed = True
         await asyncio.gather(*(slot.close() for slot in self.slots))
         for stream in list(self._streams.values()):
-            stream._push_end(EngineClosed("engine closed"))
+            stream.finish(EngineClosed("engine closed"))
         if self.on_closed is not None:
             self.on_closed()
 
     async def _replay_voices(self, link: WorkerLink) -> None:
         """A worker (re)connected: make its voice set the gateway's before it takes requests."""
         link.on_voices = self._voices_changed
-        if not self._hello:
-            self._hello = link.hello
-            self._voices = list(link.hello.get("voices") or [])
-            self._default_voice = str(link.hello.get("default_voice", ""))
+        assert link.hello is not None
+        if self._info is NOT_CONNECTED:
+            self._info = link.hello.info
+            self._voices = list(link.hello.voices)
+            self._default_voice = link.hello.default_voice
         for name in self._removed:
-            if name in (link.hello.get("voices") or []):
-                await link.call({"t": p.VOICE_REMOVE, "name": name})
+            if name in link.hello.voices:
+                await link.call(f.VoiceRemove(call=0, name=name))
         for preset in list(self._added.values()):
             try:
                 await link.call(await _voice_add_message(preset))
@@ -202,19 +213,18 @@ class EngineClient:
         text: str,
         *,
         voice: str | None = None,
-        sample_rate: int = 16000,
+        output_rate: int = 16000,
         req_id: str | None = None,
         speed: float = 1.0,
         instruct: str | None = None,
         playback_ahead: float = 0.0,
     ) -> SynthesisStream:
         """Like ``TTSEngine.synthesize()``: queued on the worker with the most free capacity."""
-        check_arguments(text, sample_rate, speed)
+        check_arguments(text, output_rate, speed)
         check_text_length(text, self.max_text_chars)
-        voice = resolve_voice(voice, self._default_voice, self._voices)
-        message = {"t": p.SYNTH, "text": text, "voice": voice, "rate": sample_rate, "speed": float(speed),
-                   "instruct": check_instruct(instruct), "ahead": float(playback_ahead)}  # fmt: skip
-        return self._submit(message, req_id, sample_rate, playback_ahead)
+        message = f.Synth(id="", text=text, voice=self.resolve_voice(voice), rate=output_rate, speed=float(speed),
+                          instruct=check_instruct(instruct), ahead=float(playback_ahead))  # fmt: skip
+        return self._submit(message, req_id)
 
     def synthesize_zero_shot(
         self,
@@ -222,23 +232,20 @@ class EngineClient:
         *,
         prompt_wav: bytes,
         prompt_text: str,
-        sample_rate: int = 16000,
+        output_rate: int = 16000,
         speed: float = 1.0,
         req_id: str | None = None,
         instruct: str | None = None,
     ) -> SynthesisStream:
-        check_arguments(text, sample_rate, speed)
+        check_arguments(text, output_rate, speed)
         check_text_length(text, self.max_text_chars)
         prompt_text = check_zero_shot(self.backend_name, self.supports_cloning, prompt_text)
         decode_prompt_wav(prompt_wav)  # a bad recording is refused here, as in process
-        message = {"t": p.SYNTH, "text": text, "rate": sample_rate, "speed": float(speed),
-                   "instruct": check_instruct(instruct), "prompt_wav": bytes(prompt_wav),
-                   "prompt_text": prompt_text}  # fmt: skip
-        return self._submit(message, req_id, sample_rate, 0.0)
+        message = f.Synth(id="", text=text, rate=output_rate, speed=float(speed), instruct=check_instruct(instruct),
+                          prompt_wav=bytes(prompt_wav), prompt_text=prompt_text)  # fmt: skip
+        return self._submit(message, req_id)
 
-    def _submit(
-        self, message: dict[str, Any], req_id: str | None, rate: int, ahead: float
-    ) -> SynthesisStream:
+    def _submit(self, message: f.Synth, req_id: str | None) -> SynthesisStream:
         if self._is_closed:
             raise EngineClosed("engine is closed")
         req_id = check_req_id(req_id, self._streams)
@@ -247,13 +254,13 @@ class EngineClient:
             raise EngineOverloaded(f"too many pending requests (limit {self.max_pending_requests})")
         link = self._pick()
         self._counts["requests_total"] += 1
-        stream = RemoteStream(link, req_id, rate, ahead)
-        if not str(message["text"]).strip():
-            stream._push_end()
+        stream = RemoteStream(link, req_id, message.rate, message.ahead)
+        if not message.text.strip():
+            stream.finish()
             return stream
         self._streams[req_id] = stream
-        stream._on_done = self._done_hook(stream._on_done)
-        link.submit(stream, {**message, "id": req_id})
+        stream.add_done_callback(self._stream_done)
+        link.submit(stream, dataclasses.replace(message, id=req_id))
         return stream
 
     def _pick(self) -> WorkerLink:
@@ -264,20 +271,14 @@ class EngineClient:
             raise EngineUnavailable(f"no engine worker is ready ({states})")
         return max(links, key=lambda link: link.free())
 
-    def _done_hook(self, inner: Any) -> Any:
-        def done(stream: SynthesisStream) -> None:
-            self._streams.pop(stream.req_id, None)
-            error = getattr(stream, "_error", None)
-            if error is not None:
-                self._counts["requests_failed"] += 1
-            if inner is not None:
-                inner(stream)
-
-        return done
+    def _stream_done(self, stream: SynthesisStream) -> None:
+        self._streams.pop(stream.req_id, None)
+        if stream.error is not None:
+            self._counts["requests_failed"] += 1
 
     def abort(self, req_id: str) -> bool:
         stream = self._streams.get(req_id)
-        return stream is not None and stream._abort()
+        return stream is not None and stream.abort()
 
     # -- voices ----------------------------------------------------------------------------------
 
@@ -285,43 +286,39 @@ class EngineClient:
         """Prepare ``preset`` on every ready worker; the first refusal raises (and others undo nothing)."""
         if not self.supports_cloning:
             raise VoiceError(f"backend {self.backend_name} cannot clone voices")
-        message = await _voice_add_message(preset)
-        await self._call_all(message)
+        await self._call_all(await _voice_add_message(preset))
         self._added[preset.name] = preset
         self._removed.discard(preset.name)
 
     async def remove_voice(self, name: str) -> None:
         if not self.supports_cloning:
             raise VoiceError(f"backend {self.backend_name} cannot clone voices")
-        await self._call_all({"t": p.VOICE_REMOVE, "name": name})
+        await self._call_all(f.VoiceRemove(call=0, name=name))
         if self._added.pop(name, None) is None:
             self._removed.add(name)
 
-    def _voices_changed(self, message: dict[str, Any]) -> None:
+    def _voices_changed(self, message: f.VoicesChanged) -> None:
         """Another gateway added or removed a voice on a worker: offer what the worker offers now, and
         never replay a voice that was removed since (nor re-remove one added since)."""
-        self._voices = [v for v in message["voices"] if isinstance(v, str)]
-        self._default_voice = str(message.get("default_voice") or self._default_voice)
-        name = message.get("name")
-        if not isinstance(name, str):
-            return
-        if message.get("change") == "remove":
-            if self._added.pop(name, None) is None:
-                self._removed.add(name)
-        elif message.get("change") == "add":
-            self._removed.discard(name)
-            self._added.pop(name, None)  # the other gateway's version is the voice now: it replays it
+        self._voices = list(message.voices)
+        self._default_voice = message.default_voice or self._default_voice
+        if message.change == "remove":
+            if self._added.pop(message.name, None) is None:
+                self._removed.add(message.name)
+        elif message.change == "add":
+            self._removed.discard(message.name)
+            self._added.pop(message.name, None)  # the other gateway's version is the voice now: it replays it
 
-    async def _call_all(self, message: dict[str, Any]) -> None:
+    async def _call_all(self, message: f.VoiceAdd | f.VoiceRemove) -> None:
         links = [slot.link for slot in self.slots if slot.link is not None and slot.link.is_ready]
         if not links:
             raise EngineUnavailable("no engine worker is ready")
         results = await asyncio.gather(*(link.call(message) for link in links), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
-        answers = [r for r in results if isinstance(r, dict)]
+        answers = [r for r in results if isinstance(r, f.Result)]
         if answers:
-            self._voices = list(answers[0].get("voices") or [])
-            self._default_voice = str(answers[0].get("default_voice", self._default_voice))
+            self._voices = list(answers[0].voices)
+            self._default_voice = answers[0].default_voice or self._default_voice
         refusals = [e for e in errors if not isinstance(e, EngineUnavailable)]
         if refusals or not answers:
             raise (refusals or errors)[0]
@@ -336,9 +333,9 @@ def _why_none_ready(workers: list[dict[str, Any]]) -> str:
     return "no engine worker is ready: " + "; ".join(parts)
 
 
-async def _voice_add_message(preset: VoicePreset) -> dict[str, Any]:
+async def _voice_add_message(preset: VoicePreset) -> f.VoiceAdd:
     wav = None
     if preset.prompt_wav is not None:
         wav = await asyncio.to_thread(Path(preset.prompt_wav).read_bytes)
-    return {"t": p.VOICE_ADD, "name": preset.name, "prompt_wav": wav, "prompt_text": preset.prompt_text,
-            "instruct": preset.instruct, "description": preset.description}  # fmt: skip
+    return f.VoiceAdd(call=0, name=preset.name, prompt_wav=wav, prompt_text=preset.prompt_text,
+                      instruct=preset.instruct, description=preset.description)  # fmt: skip

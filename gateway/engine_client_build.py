@@ -26,7 +26,7 @@ import torch
 from gateway.config import Config
 from gateway.engine_client import EngineClient
 from gateway.engine_client_workers import WorkerCommand, WorkerSlot
-from tts_engine.worker.server import parse_address
+from tts_engine.worker.protocol import parse_address
 
 log = logging.getLogger(__name__)
 
@@ -59,27 +59,24 @@ def worker_config(config: Config) -> dict[str, Any]:
 
 def build_engine_client(config: Config, backend: str) -> EngineClient:
     engine = config.engine
-    options = {
-        "connect_timeout_s": engine.worker_connect_timeout_s,
-        "start_timeout_s": engine.worker_start_timeout_s,
-        "max_restarts": engine.worker_max_restarts,
-        "stall_timeout_s": engine.worker_stall_timeout_s,
-    }
+
+    def slot(address: str, *, token: str = "", command: WorkerCommand | None = None) -> WorkerSlot:
+        return WorkerSlot(address, command=command, token=token, connect_timeout_s=engine.worker_connect_timeout_s,
+                          start_timeout_s=engine.worker_start_timeout_s, max_restarts=engine.worker_max_restarts,
+                          stall_timeout_s=engine.worker_stall_timeout_s)  # fmt: skip
+
     if engine.remote:
         for address in engine.remote:
             parse_address(address)  # a bad entry stops the start with its name (ValueError)
-        slots = [WorkerSlot(address, token=engine.remote_token, **options) for address in engine.remote]
+        slots = [slot(address, token=engine.remote_token) for address in engine.remote]
         return EngineClient(slots, max_pending_requests=config.tts.max_pending_requests)
     remove_stale_run_dirs()
     run_dir, lock = make_run_dir()
     backend_options = engine.worker_backend_options or None
     settings = worker_config(config)
     slots = [
-        WorkerSlot(
-            f"unix:{run_dir}/worker-{index}.sock",
-            command=WorkerCommand(backend, device, settings, str(run_dir), backend_options),
-            **options,
-        )
+        slot(f"unix:{run_dir}/worker-{index}.sock",
+             command=WorkerCommand(backend, device, settings, str(run_dir), backend_options))  # fmt: skip
         for index, device in enumerate(worker_devices(config))
     ]
     client = EngineClient(

@@ -97,8 +97,8 @@ class WorkerSlot:
 
     @property
     def device(self) -> str:
-        if self.link is not None and self.link.report.get("device"):
-            return str(self.link.report["device"])
+        if self.link is not None and self.link.report.device:
+            return self.link.report.device
         return self.command.device if self.command else "remote"
 
     def start(self) -> None:
@@ -119,7 +119,7 @@ class WorkerSlot:
 
     def health(self) -> dict[str, Any]:
         link = self.link
-        report = link.report if link is not None else {}
+        report = link.report if link is not None else None
         stalled = link.stalled if link is not None else None
         return {
             "address": self.address,
@@ -128,11 +128,11 @@ class WorkerSlot:
             "stalled": stalled,
             "capacity": link.capacity if link is not None else None,
             "in_flight": len(link.streams) if link is not None else 0,
-            "worker_in_flight": report.get("in_flight"),
-            "pid": self.process.pid if self.process is not None else report.get("pid"),
+            "worker_in_flight": report.in_flight if report is not None else None,
+            "pid": self.process.pid if self.process is not None else report.pid if report is not None else None,
             "restarts": self.restarts,
             "last_error": self.last_error,
-            "memory": report.get("memory"),
+            "memory": report.memory if report is not None else None,
         }
 
     # -- the loop --------------------------------------------------------------------------------

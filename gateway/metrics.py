@@ -27,7 +27,7 @@ class _EngineCollector(Collector):
     def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
         self._stats = stats
 
-    def collect(self):  # type: ignore[override]
+    def collect(self):
         for key, value in sorted(self._stats().items()):
             if isinstance(value, bool) or not isinstance(value, int | float):
                 continue

@@ -248,7 +248,7 @@ async def _synthesis_check(config: Config, ctx: _Context) -> CheckResult:
     chunks: list[np.ndarray] = []
     try:
         async with asyncio.timeout(SYNTH_TIMEOUT_S):
-            stream = engine.synthesize(SENTENCE, voice=config.tts.voice, sample_rate=16000)
+            stream = engine.synthesize(SENTENCE, voice=config.tts.voice, output_rate=16000)
             async for chunk in stream:
                 chunks.append(np.asarray(chunk, dtype=np.int16))
     except TimeoutError:

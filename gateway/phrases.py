@@ -18,27 +18,18 @@ import logging
 import time
 from collections.abc import Iterable
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
+
+from tts_engine.errors import UnknownVoice
+from tts_engine.interface import SpeechEngine
 
 log = logging.getLogger(__name__)
 
 CHUNK_S = 0.24  # stored audio is read in chunks of this length (four 60 ms frames)
 PREPARE_TIMEOUT_S = 60.0  # the longest the engine gets to speak one phrase
 START_WAIT_S = 30.0  # start-up waits this long for them; what is left goes on in the background
-
-
-class Synthesizer(Protocol):
-    """What ``Phrases`` needs of an engine (``TTSEngine`` and ``EngineClient`` both)."""
-
-    @property
-    def default_voice(self) -> str: ...
-
-    @property
-    def voices(self) -> list[str]: ...
-
-    def synthesize(self, text: str, *, voice: str | None = ..., sample_rate: int = ...) -> Any: ...
 
 
 class StoredSpeech:
@@ -91,9 +82,9 @@ class StoredSpeech:
 class Phrases:
     """The fixed phrases' audio in one voice at one rate; ``prepare()`` fills it from an engine."""
 
-    def __init__(self, texts: Iterable[str], *, sample_rate: int, voice: str | None = None) -> None:
+    def __init__(self, texts: Iterable[str], *, output_rate: int, voice: str | None = None) -> None:
         self.texts = list(dict.fromkeys(t.strip() for t in texts if t and t.strip()))
-        self.sample_rate = sample_rate
+        self.output_rate = output_rate
         self.wanted_voice = voice  # None: the engine's default voice
         self.voice: str | None = None  # the voice the stored audio is in
         self._audio: dict[str, np.ndarray] = {}
@@ -109,13 +100,16 @@ class Phrases:
             "voice": self.voice,
             "stored": len(self._audio),
             "missing": self.missing,
-            "seconds": round(sum(a.size for a in self._audio.values()) / self.sample_rate, 2),
+            "seconds": round(sum(a.size for a in self._audio.values()) / self.output_rate, 2),
         }
 
-    async def prepare(self, engine: Synthesizer, *, timeout_s: float = PREPARE_TIMEOUT_S) -> None:
+    async def prepare(self, engine: SpeechEngine, *, timeout_s: float = PREPARE_TIMEOUT_S) -> None:
         """Speak every phrase not stored yet (all of them when the voice changed) and keep the audio; a
         phrase the engine fails is logged and left for the next call. Never raises."""
-        voice = self.wanted_voice if self.wanted_voice in engine.voices else engine.default_voice
+        try:
+            voice = engine.resolve_voice(self.wanted_voice)
+        except UnknownVoice:  # the configured voice is not loaded: the engine's default (logged at start-up)
+            voice = engine.resolve_voice(None)
         if voice != self.voice:
             self._audio.clear()
             self.voice = voice
@@ -123,7 +117,7 @@ class Phrases:
         for text in self.missing:
             try:
                 async with asyncio.timeout(timeout_s):
-                    stream = engine.synthesize(text, voice=voice, sample_rate=self.sample_rate)
+                    stream = engine.synthesize(text, voice=voice, output_rate=self.output_rate)
                     try:
                         chunks = [np.asarray(chunk, dtype=np.int16) async for chunk in stream]
                     finally:
@@ -138,7 +132,7 @@ class Phrases:
             log.info("%d fixed phrase(s) stored in voice %r (%.1f s of audio, %.2f s to make)",
                      len(self._audio), voice, self.status()["seconds"], self.prepared_in_s)  # fmt: skip
 
-    async def start(self, engine: Synthesizer, *, wait_s: float = START_WAIT_S) -> None:
+    async def start(self, engine: SpeechEngine, *, wait_s: float = START_WAIT_S) -> None:
         """``prepare()`` at start-up: wait for it at most ``wait_s`` (a slow CPU model goes on in the
         background instead of holding the gateway's start)."""
         task = self._refresh = asyncio.create_task(self.prepare(engine), name="fixed phrases")
@@ -146,7 +140,7 @@ class Phrases:
         if not done:
             log.warning("fixed phrases not ready after %.0f s; going on in the background", wait_s)
 
-    def voice_changed(self, engine: Synthesizer, name: str) -> None:
+    def voice_changed(self, engine: SpeechEngine, name: str) -> None:
         """A voice was added, replaced or removed: when it is the phrases' voice, make them again (in the
         background, one refresh at a time)."""
         if name != self.voice or (self._refresh is not None and not self._refresh.done()):
@@ -160,12 +154,12 @@ class Phrases:
         audio = self._audio.get(text.strip())
         if audio is None or (voice is not None and voice != self.voice):
             return None
-        return StoredSpeech(audio, self.sample_rate)
+        return StoredSpeech(audio, self.output_rate)
 
     def any_voice(self, text: str) -> StoredSpeech | None:
         """The stored audio of ``text`` whatever voice it is in (the apology when nothing else can speak)."""
         audio = self._audio.get(text.strip())
-        return None if audio is None else StoredSpeech(audio, self.sample_rate)
+        return None if audio is None else StoredSpeech(audio, self.output_rate)
 
     async def aclose(self) -> None:
         if self._refresh is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 from gateway.llm.base import ChatLLM, LLMError
@@ -73,14 +73,14 @@ class Reply:
             emoji, emotion = DEFAULT_EMOTION
         return Emotion(emotion=emotion, emoji=emoji)
 
-    def _stream(self) -> AsyncIterator[str | ToolsRunning | Filler]:
+    def _stream(self) -> AsyncGenerator[str | ToolsRunning | Filler, None]:
         if self._tools and isinstance(self._llm, ToolCallingLLM):
             return answer_with_tools(
                 self._llm, self._messages, self._tools, self._tool_settings, self._on_tool_call
             )
         return self._llm.stream_chat(self._messages)
 
-    async def events(self) -> AsyncIterator[ReplyEvent]:
+    async def events(self) -> AsyncGenerator[ReplyEvent, None]:
         emotion_sent = not self._emotion
         yielded = False  # a sentence of the answer (fillers do not count)
         stream = self._stream()
@@ -121,6 +121,6 @@ class Reply:
         return "".join(self.text_parts)
 
 
-async def fixed_sentences(texts: list[str]) -> AsyncIterator[str]:
+async def fixed_sentences(texts: list[str]) -> AsyncGenerator[str, None]:
     for text in texts:
         yield text

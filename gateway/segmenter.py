@@ -190,14 +190,16 @@ class SentenceSegmenter:
                     i = run_end  # the run crosses the limit: no boundary before it
                     break
                 if run_end == n and not final:
-                    return self._wait(i, code_ticks)
+                    self._wait(i, code_ticks)
+                    return None
                 run = run_end - i
                 code_ticks = run if code_ticks == 0 else (0 if run == code_ticks else code_ticks)
                 i = run_end
                 continue
             decision = self._decide(text, i, final=final)
             if decision is None:
-                return self._wait(i, code_ticks)
+                self._wait(i, code_ticks)
+                return None
             is_boundary, unit_end = decision
             if is_boundary and unit_end <= limit:
                 return unit_end, unit_end
@@ -207,7 +209,8 @@ class SentenceSegmenter:
             return end, end
         if final:
             return n, n
-        return self._wait(i, code_ticks)
+        self._wait(i, code_ticks)
+        return None
 
     def _after_first_letters(self, text: str, stop: int) -> int:
         """Where the segment has min_first_chars letters or digits (``stop``: not before it)."""
@@ -223,7 +226,6 @@ class SentenceSegmenter:
     def _wait(self, scan: int, code_ticks: int) -> None:
         self._scan = scan
         self._code_ticks = code_ticks
-        return None
 
     def _decide(self, text: str, i: int, *, final: bool) -> tuple[bool, int] | None:
         """Is the punctuation at ``i`` a boundary? Returns (answer, end of the unit) or None."""

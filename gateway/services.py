@@ -24,12 +24,12 @@ from gateway.phrases import Phrases
 from gateway.session_registry import SessionRegistry
 from gateway.tools.base import ToolSource
 from gateway.tts_choice import TTSChoice, choose_tts_backend, create_tts_backend, set_cpu_threads
+from gateway.turn import TurnConfig, turn_config
 from gateway.voice_store import VoiceStore
-from tts_engine import TTSEngine
+from tts_engine import SpeechEngine, TTSEngine
 from tts_engine.build import engine_for_backend
 
 if TYPE_CHECKING:
-    from gateway.engine_client import EngineClient
     from gateway.tools.mcp_servers import MCPServerPool
 
 log = logging.getLogger(__name__)
@@ -40,10 +40,10 @@ def engine_sections(config: Config) -> dict[str, Any]:
     return {name: getattr(config, name).model_dump(mode="json") for name in ("tts", "engine", "gpu")}
 
 
-def fixed_phrases(config: Config) -> Phrases:
+def fixed_phrases(config: Config, turns: TurnConfig) -> Phrases:
     """The sentences a device must hear even when no engine can speak, in the configured voice."""
     texts = [config.llm.apology, config.llm.tool_filler, config.asr.not_configured_reply]
-    return Phrases(texts, sample_rate=config.audio.output_sample_rate, voice=config.tts.voice)
+    return Phrases(texts, output_rate=turns.sample_rate, voice=turns.voice)
 
 
 def create_llm(cfg: LLMConfig) -> ChatLLM:
@@ -75,7 +75,7 @@ def _in_process_engine(config: Config, choice: TTSChoice) -> tuple[TTSEngine, li
 @dataclass
 class Services:
     config: Config
-    engine: TTSEngine | EngineClient  # EngineClient: the engine in worker processes (engine.workers)
+    engine: SpeechEngine  # TTSEngine in process, or EngineClient: the engine in worker processes
     llm: ChatLLM
     asr: ASR
     metrics: GatewayMetrics
@@ -91,13 +91,15 @@ class Services:
     mcp_servers: MCPServerPool | None = None  # tools.mcp_servers, started in start(), shared by all sessions
     # the apology, tool filler and not-configured notice as audio, made at start-up (gateway/phrases.py)
     phrases: Phrases | None = None
+    # what every device turn reads of the config (the downlink's output rate, the voice, Opus, pacing)
+    turns: TurnConfig = field(default_factory=TurnConfig)
 
     @classmethod
     def build(
         cls,
         config: Config,
         *,
-        engine: TTSEngine | EngineClient | None = None,
+        engine: SpeechEngine | None = None,
         llm: ChatLLM | None = None,
         asr: ASR | None = None,
     ) -> Services:
@@ -118,15 +120,17 @@ class Services:
                 engine = build_engine_client(config, choice.backend)
             else:
                 engine, checks = _in_process_engine(config, choice)
+        turns = turn_config(config)
         services = cls(
             config=config,
+            turns=turns,
             engine=engine,
             llm=llm or create_llm(config.llm),
             asr=asr or create_asr(config.asr, config.gpu),
             metrics=GatewayMetrics(),
             tts_warning=warning,
             voices=VoiceStore(config.tts.voices_dir),
-            phrases=fixed_phrases(config),
+            phrases=fixed_phrases(config, turns),
         )
         if config.session.memory == "local":
             services.memory = ConversationMemory.open(config.session, services.llm)
@@ -202,7 +206,7 @@ class Services:
             "tts": {**engine, "warning": self.tts_warning},
             "llm": {"provider": self.config.llm.provider},
             "asr": {"backend": self.asr.name, "warning": self._asr_warning()},
-            "audio": {"output_sample_rate": self.config.audio.output_sample_rate},
+            "audio": {"output_sample_rate": self.turns.sample_rate},
             "checks": [check.as_dict() for check in self.checks],
             "mcp_servers": self.mcp_servers.status() if self.mcp_servers is not None else [],
             "phrases": self.phrases.status() if self.phrases is not None else None,

@@ -30,12 +30,13 @@ from gateway.services import Services
 from gateway.session_idle import IdleClock
 from gateway.session_listen import ListenHandling, TaskFactory
 from gateway.session_tools import SessionTools
-from gateway.turn import turn_config
 from gateway.turns import Turns, metrics_recorder
+from gateway.voice_choice import VoiceChoice
 from gateway.xiaozhi import (
     Abort,
     AudioOut,
     AudioParams,
+    Event,
     HandshakeInfo,
     Hello,
     Listen,
@@ -78,22 +79,22 @@ class Session(ListenHandling):
             max_text_bytes=cfg.session.max_text_frame_bytes,
             max_binary_bytes=cfg.session.max_binary_frame_bytes,
         )
-        self.sample_rate = cfg.audio.output_sample_rate
         self.listener = Listener(cfg.asr.vad, max_utterance_s=cfg.audio.max_utterance_s)
         self.conversation = Conversation(cfg.llm.system_prompt, max_turns=cfg.llm.max_history_turns)
+        self.voice = VoiceChoice(cfg.tts.voice)  # the session's voice: the tools change it, turns read it
         self.tools = SessionTools(
             cfg,
             session_id=self.session_id,
             voices=lambda: services.engine.voices,
-            set_voice=self._set_voice,
+            voice=self.voice,
             shared=services.tool_sources,
             device=lambda: self.mcp,
         )
         self.turns = Turns(
-            engine=services.engine,  # type: ignore[arg-type]  # an EngineClient speaks the same interface
+            engine=services.engine,
             llm=services.llm,
             send=self._send,
-            config=turn_config(cfg),
+            config=services.turns,
             conversation=self.conversation,
             features=lambda: self.features,
             tools=cfg.tools,
@@ -102,6 +103,7 @@ class Session(ListenHandling):
             recorder=metrics_recorder(services.metrics),
             on_turn=lambda kind: services.metrics.turns_total.labels(kind).inc(),
             phrases=services.phrases,
+            voice=self.voice,
         )
         self.mode = ListenMode.AUTO
         self.listening = False
@@ -187,7 +189,7 @@ class Session(ListenHandling):
 
     # ---- sending -----------------------------------------------------------
 
-    async def _send(self, event: object) -> None:
+    async def _send(self, event: Event) -> None:
         if isinstance(event, AudioOut) and self.echo is not None:
             # the echo reference; v2 frames carry their play start for the device to echo back
             start_ms = self.echo.reference.add_packet(event.opus, self._now_ms())
@@ -250,7 +252,7 @@ class Session(ListenHandling):
         if not self._hello_done:
             await self._restore_memory()
         self._setup_echo()
-        params = AudioParams(format="opus", sample_rate=self.sample_rate, channels=1, frame_duration=60)
+        params = AudioParams(format="opus", sample_rate=self.turns.config.sample_rate, channels=1, frame_duration=60)
         start_mcp = not self._hello_done and bool(self.features.get("mcp")) and self._tg is not None
         if start_mcp:
             cfg = self.services.config.session
@@ -352,9 +354,6 @@ class Session(ListenHandling):
         if self.tools.end_requested and self._tg is not None:
             log.info("session %s: the conversation was ended by the LLM", self.session_id)
             self._tg.create_task(self.close())  # from its own task, as in _exit_turn
-
-    def _set_voice(self, voice: str) -> None:
-        self.turns.voice = voice
 
     async def _exit_turn(self, text: str) -> None:
         self.services.metrics.turns_total.labels("exit").inc()

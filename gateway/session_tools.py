@@ -13,6 +13,7 @@ from collections.abc import Callable
 from gateway.config import Config
 from gateway.tools.base import ToolSource
 from gateway.tools.builtins import BuiltinTools, SessionControls
+from gateway.voice_choice import VoiceChoice
 
 log = logging.getLogger(__name__)
 
@@ -24,12 +25,12 @@ class SessionTools:
         *,
         session_id: str,
         voices: Callable[[], list[str]],
-        set_voice: Callable[[str], None],
+        voice: VoiceChoice,
         shared: list[ToolSource],  # read at each turn: sources added later count
         device: Callable[[], ToolSource | None],  # the device's MCP client, once it has one
     ) -> None:
         self._session_id = session_id
-        self._set_voice = set_voice
+        self.voice = voice
         self._shared = shared
         self._device = device
         self.end_requested = False  # the end_conversation tool was called in this reply
@@ -50,7 +51,7 @@ class SessionTools:
 
     def _change_voice(self, voice: str) -> None:
         log.info("session %s: voice changed to %s", self._session_id, voice)
-        self._set_voice(voice)
+        self.voice.change(voice)
 
     def _end_after_reply(self) -> None:
         self.end_requested = True

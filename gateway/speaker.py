@@ -29,17 +29,17 @@ from dataclasses import dataclass, field
 
 from audio_codecs.opus import OpusEncoder
 from gateway.pacer import Pacer
-from gateway.phrases import Phrases, StoredSpeech
-from gateway.xiaozhi import AudioOut, TtsSentenceStart
-from tts_engine import SynthesisStream, TTSEngine
+from gateway.phrases import Phrases
+from gateway.voice_choice import VoiceChoice
+from gateway.xiaozhi import AudioOut, Event, TtsSentenceStart
+from tts_engine import SpeechEngine, SpeechStream
 from tts_engine.errors import EngineError
 
 log = logging.getLogger(__name__)
 
 AHEAD_TOLERANCE_S = 0.05  # a playback credit off by more than this is sent again
 
-Send = Callable[[object], Awaitable[None]]
-Speech = SynthesisStream | StoredSpeech
+Send = Callable[[Event], Awaitable[None]]
 
 
 class _Refused:
@@ -62,11 +62,10 @@ class Speaker:
     def __init__(
         self,
         *,
-        engine: TTSEngine,
+        engine: SpeechEngine,
         encoder: OpusEncoder,
         send: Send,
-        voice: str | None | Callable[[], str | None],  # a callable is asked at each sentence
-        sample_rate: int,
+        voice: VoiceChoice,  # read at each sentence (change_voice)
         pacer: Pacer,
         on_frame: Callable[[], None] | None = None,
         on_sentence_error: Callable[[], None] | None = None,
@@ -78,20 +77,20 @@ class Speaker:
         self._encoder = encoder
         self._send = send
         self._voice = voice
-        self._rate = sample_rate
+        self._rate = encoder.sample_rate  # the output rate: what the device's decoder plays
         self._pacer = pacer
         self._on_frame = on_frame
         self._on_sentence_error = on_sentence_error
         self._apology = apology
         self._phrases = phrases
         self.result = SpeakResult()
-        self._queued: list[Speech] = []  # open sentence streams, in playing order
+        self._queued: list[SpeechStream] = []  # open sentence streams, in playing order
         self._unsent_frames = 0  # encoded frames of the current chunk still waiting for the pacer
         # the playback credit last sent to each queued stream, and when (monotonic)
-        self._sent_ahead: dict[Speech, tuple[float, float]] = {}
+        self._sent_ahead: dict[SpeechStream, tuple[float, float]] = {}
 
     async def speak(self, sentences: AsyncIterator[str]) -> SpeakResult:
-        ready: asyncio.Queue[tuple[str, Speech] | _Refused | None] = asyncio.Queue(maxsize=1)
+        ready: asyncio.Queue[tuple[str, SpeechStream] | _Refused | None] = asyncio.Queue(maxsize=1)
         try:
             async with asyncio.TaskGroup() as tg:
                 producer = tg.create_task(self._synthesise_ahead(sentences, ready))
@@ -124,16 +123,16 @@ class Speaker:
         return self.result
 
     async def _synthesise_ahead(
-        self, sentences: AsyncIterator[str], ready: asyncio.Queue[tuple[str, Speech] | _Refused | None]
+        self, sentences: AsyncIterator[str], ready: asyncio.Queue[tuple[str, SpeechStream] | _Refused | None]
     ) -> None:
         async for text in sentences:
             voice = self._voice_now()
-            stream: Speech | None = self._phrases.stream(text, voice) if self._phrases else None
+            stream: SpeechStream | None = self._phrases.stream(text, voice) if self._phrases else None
             if stream is None:
                 try:
                     ahead = self._ahead_of(tuple(self._queued))
                     stream = self._engine.synthesize(
-                        text, voice=voice, sample_rate=self._rate, playback_ahead=ahead
+                        text, voice=voice, output_rate=self._rate, playback_ahead=ahead
                     )
                     self._sent_ahead[stream] = (ahead, time.monotonic())
                 except (EngineError, ValueError) as exc:
@@ -156,9 +155,9 @@ class Speaker:
             self._on_sentence_error()
 
     def _voice_now(self) -> str | None:
-        return self._voice() if callable(self._voice) else self._voice
+        return self._voice.current
 
-    def _ahead_of(self, earlier: tuple[Speech, ...]) -> float:
+    def _ahead_of(self, earlier: tuple[SpeechStream, ...]) -> float:
         """Seconds of this device's audio that play before a sentence queued behind ``earlier``, now."""
         pacer = self._pacer
         play_end = pacer.play_end
@@ -179,7 +178,7 @@ class Speaker:
                 stream.set_playback_ahead(ahead)
                 self._sent_ahead[stream] = (ahead, now)
 
-    async def _play_sentence(self, text: str, stream: Speech) -> bool:
+    async def _play_sentence(self, text: str, stream: SpeechStream) -> bool:
         """Play one sentence's audio as it comes; False when the engine failed it (logged, counted)."""
         announced = False
         try:
@@ -207,16 +206,16 @@ class Speaker:
         stored one in its own voice, else its text alone: the device always hears or sees why.
         """
         producer.cancel()  # no more sentences (the LLM stream and tool calls stop with the turn)
-        for stream in list(self._queued):
-            await stream.aclose()
+        for queued in list(self._queued):
+            await queued.aclose()
         if not self._apology:
             return
         apology, self._apology = self._apology, None
         phrases = self._phrases
-        stream: Speech | None = phrases.stream(apology, self._voice_now()) if phrases else None
+        stream: SpeechStream | None = phrases.stream(apology, self._voice_now()) if phrases else None
         if stream is None:
             try:
-                stream = self._engine.synthesize(apology, voice=self._voice_now(), sample_rate=self._rate)
+                stream = self._engine.synthesize(apology, voice=self._voice_now(), output_rate=self._rate)
             except (EngineError, ValueError) as exc:
                 log.warning("the apology could not be synthesised either: %s", exc)
                 stream = phrases.any_voice(apology) if phrases else None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,18 +25,22 @@ from gateway.segmenter import SentenceSegmenter
 from gateway.speaker import Speaker, SpeakResult
 from gateway.tools.runner import ToolLoopSettings
 from gateway.tools.toolset import ToolSet
-from gateway.xiaozhi import LlmEmotion, Stt, TtsStart, TtsStop
-from tts_engine import TTSEngine
+from gateway.voice_choice import VoiceChoice
+from gateway.xiaozhi import Event, LlmEmotion, Stt, TtsStart, TtsStop
+from tts_engine import SpeechEngine
 
-Send = Callable[[object], Awaitable[None]]
-Voice = str | None | Callable[[], str | None]  # a callable is asked at each sentence (change_voice)
+Send = Callable[[Event], Awaitable[None]]
 # this turn's tools, or how to gather them once the `stt` echo went out (the device's list may be slow)
 Tools = ToolSet | Callable[[], Awaitable[ToolSet | None]] | None
 
 
 @dataclass(frozen=True)
 class TurnConfig:
-    """Everything a turn reads from the configuration (`turn_config` builds it)."""
+    """Everything a turn reads from the configuration (`turn_config` builds it).
+
+    `sample_rate` is the device downlink's output rate (`audio.output_sample_rate`, one of the engine's
+    `OUTPUT_RATES` that Opus takes): the one place a session's turns, its hello and its stored phrases
+    read it from. `voice` is the configured voice a session starts with (its `VoiceChoice`)."""
 
     sample_rate: int = 16000
     frame_ms: int = 60
@@ -97,11 +101,11 @@ class Turn:
     def __init__(
         self,
         *,
-        engine: TTSEngine,  # or anything with its `synthesize` (gateway/engine_client.py, test fakes)
+        engine: SpeechEngine,
         llm: ChatLLM,
         send: Send,
         config: TurnConfig,
-        voice: Voice = None,
+        voice: VoiceChoice | str | None = None,  # a session's VoiceChoice; a name or None: fixed
         tools: Tools = None,
         emotion: bool = True,  # send the reply's emotion (`features.emoji: false` turns it off)
         recorder: TurnRecorder | None = None,
@@ -112,7 +116,7 @@ class Turn:
         self._llm = llm
         self._send = send
         self._config = config
-        self._voice: Voice = voice if voice is not None else config.voice
+        self._voice = voice if isinstance(voice, VoiceChoice) else VoiceChoice(voice or config.voice)
         self._tools = tools
         self._emotion = emotion
         self._recorder = recorder or TurnRecorder()
@@ -183,7 +187,7 @@ class Turn:
             await events.aclose()  # cancels a tool call still running (abort)
             await self._send(TtsStop())
 
-    async def _sentences(self, events: AsyncIterator[ReplyEvent]) -> AsyncIterator[str]:
+    async def _sentences(self, events: AsyncIterator[ReplyEvent]) -> AsyncGenerator[str, None]:
         """The reply's sentences; its emotion goes to the device as it comes (before the first one)."""
         async for event in events:
             if isinstance(event, Emotion):
@@ -204,7 +208,6 @@ class Turn:
             encoder=self.encoder,
             send=self._send,
             voice=self._voice,
-            sample_rate=cfg.sample_rate,
             pacer=pacer,
             on_frame=self._recorder.frame_sent,
             on_sentence_error=self._recorder.sentence_failed,

@@ -19,7 +19,9 @@ from gateway.phrases import Phrases
 from gateway.tools.base import ToolSource
 from gateway.tools.toolset import ToolSet
 from gateway.turn import Tools, Turn, TurnConfig, TurnRecorder
-from tts_engine import TTSEngine
+from gateway.voice_choice import VoiceChoice
+from gateway.xiaozhi import Event
+from tts_engine import SpeechEngine
 
 
 def metrics_recorder(metrics: GatewayMetrics) -> TurnRecorder:
@@ -38,9 +40,9 @@ class Turns:
     def __init__(
         self,
         *,
-        engine: TTSEngine,
+        engine: SpeechEngine,
         llm: ChatLLM,
-        send: Callable[[object], Awaitable[None]],
+        send: Callable[[Event], Awaitable[None]],
         config: TurnConfig,
         conversation: Conversation,
         features: Callable[[], dict[str, Any]],
@@ -50,6 +52,7 @@ class Turns:
         recorder: TurnRecorder | None = None,
         on_turn: Callable[[str], None] | None = None,  # a turn of this kind starts (metrics)
         phrases: Phrases | None = None,  # the fixed phrases' stored audio (gateway/phrases.py)
+        voice: VoiceChoice | None = None,  # the session's voice (its one owner); None: the configured one
     ) -> None:
         self._engine = engine
         self._llm = llm
@@ -63,7 +66,7 @@ class Turns:
         self._recorder = recorder
         self._on_turn = on_turn
         self._phrases = phrases
-        self.voice: str | None = config.voice  # change_voice sets it for what follows
+        self.voice = voice or VoiceChoice(config.voice)  # change_voice sets it for what follows
         self.last: Turn | None = None  # the turn that ran last (or runs now)
 
     def new_turn(self, *, tools: Tools = None, started: float | None = None) -> Turn:
@@ -72,7 +75,7 @@ class Turns:
             llm=self._llm,
             send=self._send,
             config=self.config,
-            voice=lambda: self.voice,
+            voice=self.voice,
             tools=tools,
             emotion=self._features().get("emoji", True) is not False,
             recorder=self._recorder,

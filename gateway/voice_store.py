@@ -109,7 +109,7 @@ class VoiceStore:
             raise VoiceError(f"{self.directory}: voice folder not found")
         self._scan(reuse=False, strict=strict)
         self._loaded = True
-        return self.list()
+        return self.presets()
 
     def refresh(self) -> bool:
         """Pick up what another process sharing the folder (a second gateway) added, replaced or removed.
@@ -203,7 +203,7 @@ class VoiceStore:
             return
         log.warning("removed %s: %s", what, path)
 
-    def list(self) -> list[VoicePreset]:
+    def presets(self) -> list[VoicePreset]:
         return [self._presets[name] for name in sorted(self._presets)]
 
     def names(self) -> list[str]:

@@ -180,7 +180,7 @@ async def one_stream(
     audio_s = 0.0  # audio received so far
     ran_dry = False
     for _ in range(args.sentences):
-        async for chunk in engine.synthesize(SENTENCE, voice=voice, sample_rate=args.rate):
+        async for chunk in engine.synthesize(SENTENCE, voice=voice, output_rate=args.rate):
             now = time.perf_counter()
             if first_at is None:
                 first_at = played_from = now

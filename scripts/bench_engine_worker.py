@@ -36,7 +36,7 @@ async def run(engine: Any, requests: int, concurrency: int) -> dict[str, float]:
         nonlocal chunks
         async with gate:
             start = time.perf_counter()
-            stream = engine.synthesize(TEXT, sample_rate=16000)
+            stream = engine.synthesize(TEXT, output_rate=16000)
             async for _ in stream:
                 chunks += 1
                 if start:

@@ -41,8 +41,7 @@ def cpu_seconds_of(pids: list[int]) -> float:
 
 async def worker_steps(pid: int) -> float:
     """An engine worker's step counter: the `report` in the hello it sends on a new connection."""
-    from tts_engine.worker.protocol import FrameReader
-    from tts_engine.worker.server import parse_address
+    from tts_engine.worker.protocol import FrameReader, parse_address
 
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
     kind, where = parse_address(argv[argv.index("--listen") + 1])

@@ -105,7 +105,7 @@ def make_backend(
 
 async def drain(engine: TTSEngine) -> int:
     samples = 0
-    async for chunk in engine.synthesize(SENTENCE, voice="report", sample_rate=24000):
+    async for chunk in engine.synthesize(SENTENCE, voice="report", output_rate=24000):
         samples += chunk.size
     return samples
 

@@ -62,7 +62,7 @@ def voices(tmp_path_factory: pytest.TempPathFactory) -> VoiceStore:
 def make_backend(model: CosyVoice3, voices: VoiceStore, **options: object) -> CosyVoiceBackend:
     options = {"seed": SEED, "max_batch_size": MAX_BATCH, "max_llm_len": 512, **options}
     backend = CosyVoiceBackend(model=model, voice_cache_dir=voices.cache_dir, **options)  # type: ignore[arg-type]
-    for preset in voices.list():
+    for preset in voices.presets():
         backend.add_voice(preset)
     return backend
 
@@ -121,7 +121,7 @@ async def test_engine_streams_24khz_pcm_for_a_preset_voice(
 ) -> None:
     assert engine.sample_rate == 24000 and engine.voices == ["default", "styled"]
     assert engine.default_voice == "default" and engine.supports_cloning
-    stream = engine.synthesize("你好，世界。", voice="default", sample_rate=24000)
+    stream = engine.synthesize("你好，世界。", voice="default", output_rate=24000)
     chunks = []
     async with asyncio.timeout(60):
         async for chunk in stream:
@@ -134,7 +134,7 @@ async def test_engine_streams_24khz_pcm_for_a_preset_voice(
     got = np.concatenate(chunks)
     assert got.size == expected.size
     np.testing.assert_allclose(got / 32767.0, expected, atol=2e-4)  # the same speech, as int16
-    slow = await read_all(engine.synthesize("你好，世界。", voice="default", sample_rate=16000))
+    slow = await read_all(engine.synthesize("你好，世界。", voice="default", output_rate=16000))
     assert abs(slow.size - expected.size * 2 / 3) <= 1
 
 
@@ -252,7 +252,7 @@ def test_closing_a_stream_frees_its_kv_slot_at_once(backend: CosyVoiceBackend) -
 
 
 async def test_engine_abort_frees_the_slot(engine: TTSEngine, backend: CosyVoiceBackend) -> None:
-    stream = engine.synthesize("今天天气很好。", voice="default", sample_rate=24000)
+    stream = engine.synthesize("今天天气很好。", voice="default", output_rate=24000)
     async with asyncio.timeout(30):
         while stream.num_buffered == 0:  # the engine parks it at one unread chunk, its LLM unfinished
             await asyncio.sleep(0.01)
@@ -301,8 +301,8 @@ async def test_engine_fails_only_the_broken_request(
     engine: TTSEngine, backend: CosyVoiceBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(backend, "max_text_chars", 5)
-    broken = engine.synthesize("这句话对后端来说太长了。", voice="default", sample_rate=24000)
-    fine = engine.synthesize("你好。", voice="default", sample_rate=24000)
+    broken = engine.synthesize("这句话对后端来说太长了。", voice="default", output_rate=24000)
+    fine = engine.synthesize("你好。", voice="default", output_rate=24000)
     with pytest.raises(SynthesisFailed, match="limit is 5"):
         await read_all(broken)
     assert (await read_all(fine)).size > 0

@@ -123,7 +123,7 @@ async def test_concurrent_requests_share_engine_steps() -> None:
     engine = TTSEngine(backend, max_buffered_chunks=64)
     await engine.start()
     try:
-        streams = [engine.synthesize("twelve chars", sample_rate=16000) for _ in range(8)]
+        streams = [engine.synthesize("twelve chars", output_rate=16000) for _ in range(8)]
 
         async def read_all(stream) -> int:
             return sum([chunk.size async for chunk in stream])

@@ -69,10 +69,10 @@ class _StallingEngine:
     def __init__(self) -> None:
         self.delays = [0.02, 0.0, 0.6, 0.0]
 
-    async def synthesize(self, text: str, *, voice: str, sample_rate: int):  # noqa: ANN201
+    async def synthesize(self, text: str, *, voice: str, output_rate: int):  # noqa: ANN201
         for delay in self.delays:
             await asyncio.sleep(delay)
-            yield np.zeros(sample_rate // 10, np.int16)
+            yield np.zeros(output_rate // 10, np.int16)
 
 
 async def test_first_chunk_latency_is_the_first_chunks_arrival_whatever_stalls_later() -> None:

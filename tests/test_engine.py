@@ -99,7 +99,7 @@ async def test_chunks_are_int16_at_the_requested_rate_and_match_the_native_audio
     name: str, rate: int, engines: MakeEngine
 ) -> None:
     engine = await engines(make_backend(name))
-    async with engine.synthesize(TEXT, sample_rate=rate) as stream:
+    async with engine.synthesize(TEXT, output_rate=rate) as stream:
         assert stream.sample_rate == rate
         chunks = await read_all(stream)
     assert len(chunks) > 1
@@ -118,7 +118,7 @@ async def test_chunks_are_int16_at_the_requested_rate_and_match_the_native_audio
 async def test_eight_concurrent_requests_all_complete(name: str, engines: MakeEngine) -> None:
     engine = await engines(make_backend(name))
     texts = [f"Request number {i}. " * (i + 1) for i in range(8)]
-    streams = [engine.synthesize(text, sample_rate=16000) for text in texts]
+    streams = [engine.synthesize(text, output_rate=16000) for text in texts]
     results = await asyncio.gather(*(read_all(s) for s in streams))
     for text, chunks in zip(texts, results, strict=True):
         native, native_rate = native_audio(name, text)
@@ -154,8 +154,8 @@ async def test_abort_mid_stream_stops_delivery_and_frees_the_request(
 @contract
 async def test_a_failing_request_does_not_disturb_a_concurrent_one(name: str, engines: MakeEngine) -> None:
     engine = await engines(make_backend(name))
-    good = engine.synthesize(TEXT, sample_rate=16000)
-    bad = engine.synthesize(f"this one will {FAIL} now", sample_rate=16000)
+    good = engine.synthesize(TEXT, output_rate=16000)
+    bad = engine.synthesize(f"this one will {FAIL} now", output_rate=16000)
     good_chunks, bad_result = await asyncio.gather(read_all(good), read_all(bad), return_exceptions=True)
     assert isinstance(bad_result, SynthesisFailed)
     assert bad_result.req_id == bad.req_id and bad_result.__cause__ is not None
@@ -194,8 +194,8 @@ async def test_overload_at_the_pending_bound(name: str, engines: MakeEngine) -> 
 @contract
 async def test_backpressure_parks_an_unread_stream_while_others_flow(name: str, engines: MakeEngine) -> None:
     engine = await engines(make_backend(name), max_buffered_chunks=3)
-    idle = engine.synthesize(LONG_TEXT, sample_rate=16000)
-    busy_chunks = await read_all(engine.synthesize(TEXT, sample_rate=16000))
+    idle = engine.synthesize(LONG_TEXT, output_rate=16000)
+    busy_chunks = await read_all(engine.synthesize(TEXT, output_rate=16000))
     await wait_until(lambda: idle.num_buffered == 3)
     steps = engine.stats["steps_total"]
     await asyncio.sleep(0.15)
@@ -256,7 +256,7 @@ async def test_properties_and_health_describe_the_backend(engines: MakeEngine) -
 async def test_bad_arguments_raise_typed_errors(engines: MakeEngine) -> None:
     engine = await engines(FakeBackend())
     with pytest.raises(ValueError, match="sample_rate"):
-        engine.synthesize(TEXT, sample_rate=11025)
+        engine.synthesize(TEXT, output_rate=11025)
     for speed in (0.0, 10.0, True, float("nan")):
         with pytest.raises(ValueError, match="speed"):
             engine.synthesize(TEXT, speed=speed)

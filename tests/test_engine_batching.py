@@ -39,7 +39,7 @@ def voices(tmp_path_factory: pytest.TempPathFactory) -> VoiceStore:
 def make_backend(model: CosyVoice3, voices: VoiceStore, **options: object) -> CosyVoiceBackend:
     options = {"seed": SEED, "max_batch_size": 4, "max_llm_len": MAX_LLM_LEN, **options}
     backend = CosyVoiceBackend(model=model, voice_cache_dir=voices.cache_dir, **options)  # type: ignore[arg-type]
-    for preset in voices.list():
+    for preset in voices.presets():
         backend.add_voice(preset)
     return backend
 
@@ -73,7 +73,7 @@ def solo_audio(model: CosyVoice3, voices: VoiceStore) -> dict[str, np.ndarray]:
         await engine.start()
         try:
             return {
-                t: await read_all(engine.synthesize(t, voice="default", sample_rate=16000)) for t in TEXTS
+                t: await read_all(engine.synthesize(t, voice="default", output_rate=16000)) for t in TEXTS
             }
         finally:
             await engine.close()
@@ -92,7 +92,7 @@ async def test_batched_requests_equal_solo_runs(
     engine = TTSEngine(make_backend(model, voices))
     await engine.start()
     try:
-        streams = [engine.synthesize(t, voice="default", sample_rate=16000) for t in TEXTS]
+        streams = [engine.synthesize(t, voice="default", output_rate=16000) for t in TEXTS]
         results = await asyncio.gather(*(read_all(s) for s in streams))
         assert engine.stats["max_batch_size_seen"] >= 2  # they really shared steps
     finally:
@@ -106,8 +106,8 @@ async def test_abort_mid_stream_frees_the_slot_at_once(model: CosyVoice3, voices
     engine = TTSEngine(backend)
     await engine.start()
     try:
-        doomed = engine.synthesize(TEXTS[2], voice="default", sample_rate=24000)
-        other = engine.synthesize(TEXTS[0], voice="default", sample_rate=24000)
+        doomed = engine.synthesize(TEXTS[2], voice="default", output_rate=24000)
+        other = engine.synthesize(TEXTS[0], voice="default", output_rate=24000)
         async with asyncio.timeout(30):
             await anext(doomed)
         await doomed.aclose()
@@ -129,7 +129,7 @@ async def test_memory_cap_queues_requests_beyond_the_kv_slots(
     await engine.start()
     try:
         texts = [TEXTS[0], TEXTS[1], TEXTS[0], TEXTS[1]]
-        streams = [engine.synthesize(t, voice="default", sample_rate=16000) for t in texts]
+        streams = [engine.synthesize(t, voice="default", output_rate=16000) for t in texts]
         # Nobody reads yet: the first two take both slots and park at the buffer bound, two wait.
         await wait_until(lambda: engine.stats["running"] == 2 and engine.stats["runnable"] == 0)
         assert engine.stats["waiting"] == 2
@@ -151,9 +151,9 @@ async def test_a_request_waiting_past_the_bound_fails_with_engine_overloaded(
     engine = TTSEngine(backend, max_buffered_chunks=1, max_queue_wait_s=0.3)
     await engine.start()
     try:
-        holder = engine.synthesize(TEXTS[0], voice="default", sample_rate=16000)
+        holder = engine.synthesize(TEXTS[0], voice="default", output_rate=16000)
         await wait_until(lambda: engine.stats["running"] == 1 and engine.stats["runnable"] == 0)
-        late = engine.synthesize(TEXTS[1], voice="default", sample_rate=16000)
+        late = engine.synthesize(TEXTS[1], voice="default", output_rate=16000)
         with pytest.raises(EngineOverloaded, match=r"waited 0.3 s for capacity"):
             await read_all(late)
         assert engine.stats["requests_timed_out"] == 1
@@ -188,7 +188,7 @@ async def test_a_failing_request_does_not_disturb_its_batch_neighbours(
     engine = TTSEngine(backend)
     await engine.start()
     try:
-        streams = [engine.synthesize(t, voice="default", sample_rate=16000) for t in TEXTS]
+        streams = [engine.synthesize(t, voice="default", output_rate=16000) for t in TEXTS]
         results = await asyncio.gather(*(read_all(s) for s in streams), return_exceptions=True)
         assert engine.stats["requests_failed"] == 1 and engine.stats["requests_finished"] == 2
         assert backend.runner.num_free_slots == 4

@@ -97,7 +97,7 @@ async def test_added_voice_is_prepared_in_the_engine_thread_and_usable(engine: T
     assert engine.voices == ["builtin", "alice"]
     call, thread, arg = backend.calls[-1]
     assert (call, arg) == ("add_voice", "alice") and thread.startswith("tts-engine")
-    audio = await read_all(engine.synthesize(TEXT, voice="alice", sample_rate=24000))
+    audio = await read_all(engine.synthesize(TEXT, voice="alice", output_rate=24000))
     assert audio.size == backend.num_samples_for(TEXT)
 
 
@@ -132,7 +132,7 @@ async def test_backends_without_instruct_or_cloning_ignore_instruct_and_refuse_v
     engine = TTSEngine(backend)
     await engine.start()
     try:
-        audio = await read_all(engine.synthesize(TEXT, instruct="用四川话说", sample_rate=24000))
+        audio = await read_all(engine.synthesize(TEXT, instruct="用四川话说", output_rate=24000))
         assert audio.size == backend.num_samples_for(TEXT)
         assert backend.opened == [((TEXT, "default", 1.0), {})]  # called without the instruction
         assert not engine.supports_cloning and engine.health()["supports_cloning"] is False
@@ -153,7 +153,7 @@ async def test_zero_shot_checks_the_recording_then_prepares_it_in_the_engine(eng
     with pytest.raises(VoiceError, match="s long"):
         engine.synthesize_zero_shot(TEXT, prompt_wav=tone_wav(0.3), prompt_text="x")
     stream = engine.synthesize_zero_shot(
-        TEXT, prompt_wav=tone_wav(2.0, 22050), prompt_text=" 你好。 ", sample_rate=16000, instruct="慢一点"
+        TEXT, prompt_wav=tone_wav(2.0, 22050), prompt_text=" 你好。 ", output_rate=16000, instruct="慢一点"
     )
     audio = await read_all(stream)
     assert audio.size == pytest.approx(backend.num_samples_for(TEXT) * 2 / 3, abs=2)
@@ -181,7 +181,7 @@ async def test_a_voice_call_waits_for_the_running_step_and_survives_a_cancelled_
 ) -> None:
     backend: CloningFake = engine._backend  # type: ignore[assignment]
     backend.compute_delay_s = 0.02
-    stream = engine.synthesize("x" * 40, sample_rate=24000)
+    stream = engine.synthesize("x" * 40, output_rate=24000)
     task = asyncio.create_task(engine.add_voice(preset("late")))
     await asyncio.sleep(0)
     task.cancel()

@@ -26,7 +26,7 @@ from gateway.llm.echo import EchoLLM
 from gateway.xiaozhi import AudioOut, TtsSentenceStart
 from scripts.device_sim import DeviceSimulator, Turn
 from tests.gateway_server import RunningGateway, running_gateway
-from tts_engine.worker import protocol as p
+from tts_engine.worker.frames import Health
 
 APOLOGY = "sorry, the speech engine had a problem."
 STALL_S = 1.0  # the bound these tests run with (the default is 5 s: docs/engine-workers.md)
@@ -193,7 +193,7 @@ async def test_dropped_streams_update_the_in_flight_count_at_once() -> None:
         assert time.monotonic() - dropped < 1.0  # the gateway's view converged within a second
 
         async def asked() -> list[int]:  # the workers' own count, asked directly
-            return [(await slot.link.call({"t": p.HEALTH}))["report"]["in_flight"] for slot in slots(gw)]
+            return [(await slot.link.call(Health(call=0))).report.in_flight for slot in slots(gw)]
 
         assert await gw.call(asked()) == [0, 0]
         before = [slot.link.counts["requests_total"] for slot in slots(gw)]

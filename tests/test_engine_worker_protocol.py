@@ -20,9 +20,23 @@ from gateway.engine_client_workers import WorkerSlot
 from tts_engine import TTSEngine, UnknownVoice
 from tts_engine.backends.fake import FakeBackend
 from tts_engine.errors import EngineError, EngineUnavailable, SynthesisFailed
+from tts_engine.interface import EngineInfo
 from tts_engine.voices import VoiceError
 from tts_engine.worker import protocol as p
-from tts_engine.worker.server import WorkerServer, parse_address
+from tts_engine.worker.frames import (
+    Abort,
+    End,
+    Error,
+    FrameError,
+    Hello,
+    Report,
+    Synth,
+    decode,
+    encode,
+    markdown_tables,
+)
+from tts_engine.worker.protocol import parse_address
+from tts_engine.worker.server import WorkerServer
 
 RATE = 16000
 
@@ -171,7 +185,7 @@ async def test_abort_reaches_the_engine_within_one_step(tmp_path: Path) -> None:
         client = EngineClient([WorkerSlot(address)])
         await client.start()
         try:
-            stream = client.synthesize("abcdefgh", sample_rate=RATE)
+            stream = client.synthesize("abcdefgh", output_rate=RATE)
             await anext(stream)
             aborted_at = time.monotonic()
             assert client.abort(stream.req_id)
@@ -193,8 +207,8 @@ async def test_client_errors_match_the_in_process_engine(tmp_path: Path) -> None
             with pytest.raises(UnknownVoice):
                 client.synthesize("hi", voice="nobody")
             with pytest.raises(ValueError):
-                client.synthesize("hi", sample_rate=12345)
-            chunks = [c async for c in client.synthesize("hi", sample_rate=RATE)]
+                client.synthesize("hi", output_rate=12345)
+            chunks = [c async for c in client.synthesize("hi", output_rate=RATE)]
             assert sum(c.size for c in chunks) > 0
             health = client.health()
             assert health["workers"][0]["state"] == "ready" and health["workers"][0]["address"] == address
@@ -207,7 +221,7 @@ async def test_the_playback_credit_reaches_the_workers_engine_as_a_value(tmp_pat
         client = EngineClient([WorkerSlot(address)])
         await client.start()
         try:
-            stream = client.synthesize("abcdefgh", sample_rate=RATE, playback_ahead=2.0)
+            stream = client.synthesize("abcdefgh", output_rate=RATE, playback_ahead=2.0)
 
             async def worker_side() -> float:
                 while True:
@@ -249,20 +263,20 @@ async def test_a_remote_tcp_worker_is_reconnected_after_it_restarts() -> None:
     client = EngineClient([slot])
     await client.start()
     try:
-        assert sum(c.size for c in [c async for c in client.synthesize("hi", sample_rate=RATE)]) > 0
+        assert sum(c.size for c in [c async for c in client.synthesize("hi", output_rate=RATE)]) > 0
         listener.close()
         await server.close()  # the worker goes away...
         async with asyncio.timeout(5):
             while slot.state == "ready":
                 await asyncio.sleep(0.01)
         with pytest.raises(EngineUnavailable):
-            client.synthesize("hi", sample_rate=RATE)  # at once, no hang
+            client.synthesize("hi", output_rate=RATE)  # at once, no hang
         server = WorkerServer(engine, listen=address)  # ...and comes back on the same port
         listener = await server.start()
         async with asyncio.timeout(10):
             while slot.state != "ready":
                 await asyncio.sleep(0.01)
-        assert sum(c.size for c in [c async for c in client.synthesize("hi", sample_rate=RATE)]) > 0
+        assert sum(c.size for c in [c async for c in client.synthesize("hi", output_rate=RATE)]) > 0
         assert slot.restarts == 1
     finally:
         await client.close()
@@ -288,7 +302,7 @@ async def test_a_worker_with_a_token_serves_only_connections_that_send_it(monkey
         client = EngineClient([WorkerSlot(address, token="s3cret-token")])
         await client.start()
         try:
-            assert sum(c.size for c in [c async for c in client.synthesize("hi", sample_rate=RATE)]) > 0
+            assert sum(c.size for c in [c async for c in client.synthesize("hi", output_rate=RATE)]) > 0
         finally:
             await client.close()
         # a wrong token, no token, or a request first: an unauthorized error, then the socket closes
@@ -315,7 +329,7 @@ async def test_a_worker_without_a_token_accepts_a_client_that_sends_one(tmp_path
         client = EngineClient([WorkerSlot(address, token="unused")])
         await client.start()
         try:
-            assert sum(c.size for c in [c async for c in client.synthesize("hi", sample_rate=RATE)]) > 0
+            assert sum(c.size for c in [c async for c in client.synthesize("hi", output_rate=RATE)]) > 0
         finally:
             await client.close()
 
@@ -328,9 +342,34 @@ async def test_a_worker_without_a_token_accepts_a_client_that_sends_one(tmp_path
 )  # fmt: skip
 def test_a_failed_requests_cause_crosses_the_boundary_typed(cause, kind, status):
     # issue 23: the cause used to arrive as EngineError(repr(cause)): every backend refusal became a 500
-    frame = p.FrameReader().feed(p.pack(p.error_message(SynthesisFailed("r1", cause), id="r1")))[0]
+    frame = decode(p.FrameReader().feed(encode(p.error_frame(SynthesisFailed("r1", cause), id="r1")))[0])
+    assert isinstance(frame, Error)
     error = p.error_to_exception(frame, "r1")
     assert isinstance(error, SynthesisFailed) and type(error.cause) is kind and str(error.cause) == str(cause)
     in_process = api_error(SynthesisFailed("r1", cause))
     assert api_error(error).status_code == in_process.status_code == status
     assert api_error(error).code == in_process.code
+
+
+def test_the_frame_tables_in_the_docs_are_the_structs() -> None:
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "engine-workers.md").read_text(encoding="utf-8")
+    begin = doc.index("-->\n", doc.index("<!-- frames:")) + len("-->\n")
+    assert doc[begin : doc.index("\n<!-- /frames -->")] == markdown_tables()
+
+
+def test_every_frame_round_trips_and_a_bad_field_is_named() -> None:
+    report = Report(capacity=4, in_flight=1, memory={"kv_slots": 4, "flow_cache_bytes": 1.5})
+    samples = [
+        Synth(id="r", text="hi", rate=RATE, voice="v", prompt_wav=b"RIFF"),
+        Hello(version=p.PROTOCOL_VERSION, info=EngineInfo(backend="fake", sample_rate=24000, max_text_chars=10),
+              voices=["a"], default_voice="a", report=report),  # fmt: skip
+        End(id="r", in_flight=0, report=report),
+        Error(kind="unknown_voice", message="m", id="r", available=["a", "b"]),
+    ]
+    for item in samples:
+        assert decode(p.FrameReader().feed(encode(item))[0]) == item
+    with pytest.raises(FrameError, match="field 'rate' must be an integer"):
+        decode({"t": "synth", "id": "r", "text": "hi", "rate": True})
+    with pytest.raises(FrameError, match="field 'text' is missing"):
+        decode({"t": "synth", "id": "r", "rate": RATE})
+    assert decode({"t": "abort", "id": "r", "from_the_future": 1}) == Abort(id="r")  # unknown keys: ignored

@@ -15,6 +15,7 @@ from scripts.device_sim import DeviceSimulator
 from scripts.make_tiny_model import make_model_dir
 from tests.gateway_server import RunningGateway, running_gateway
 from tests.test_backend_cosyvoice import prompt_wav
+from tts_engine.worker.frames import Health
 
 RATE = 24000
 
@@ -31,7 +32,7 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 async def worker_voices(gw: RunningGateway) -> list[list[str]]:
     async def ask() -> list[list[str]]:
         links = [slot.link for slot in gw.services.engine.slots]  # type: ignore[union-attr]
-        return [(await link.call({"t": "health"}))["voices"] for link in links]
+        return [(await link.call(Health(call=0))).voices for link in links]
 
     return await gw.call(ask())
 

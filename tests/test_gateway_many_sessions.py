@@ -68,7 +68,7 @@ async def solo_samples(model: CosyVoice3, voices_dir: Path) -> dict[str, int]:
     try:
         sizes = {}
         for text in TEXTS:
-            chunks = [c async for c in engine.synthesize(text, voice="default", sample_rate=RATE)]
+            chunks = [c async for c in engine.synthesize(text, voice="default", output_rate=RATE)]
             sizes[text] = sum(c.size for c in chunks)
         return sizes
     finally:

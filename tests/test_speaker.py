@@ -8,6 +8,7 @@ from audio_codecs.opus import OpusEncoder
 from gateway.pacer import Pacer
 from gateway.reply import fixed_sentences
 from gateway.speaker import Speaker
+from gateway.voice_choice import VoiceChoice
 from gateway.xiaozhi import AudioOut, TtsSentenceStart
 from tts_engine import TTSEngine
 from tts_engine.backends.fake import FakeBackend
@@ -49,8 +50,7 @@ async def test_each_sentence_is_queued_behind_the_audio_before_it() -> None:
         engine=recording,  # type: ignore[arg-type]
         encoder=OpusEncoder(16000, 60),
         send=send,
-        voice=None,
-        sample_rate=16000,
+        voice=VoiceChoice(None),
         pacer=Pacer(frame_s=0.06, lead_frames=2),
     )
     try:

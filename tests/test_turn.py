@@ -116,7 +116,7 @@ class DownEngine(FakeEngine):
 
 
 async def stored_phrases(*texts: str) -> Phrases:
-    phrases = Phrases(texts, sample_rate=RATE, voice="default")
+    phrases = Phrases(texts, output_rate=RATE, voice="default")
     await phrases.prepare(FakeEngine())
     assert phrases.missing == []
     return phrases

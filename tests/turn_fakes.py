@@ -99,8 +99,12 @@ class FakeEngine:
         self.texts: list[str] = []
         self.voices_used: list[str | None] = []
         self.voices = ["default", "other"]
+        self.default_voice = "default"
 
-    def synthesize(self, text: str, *, voice: str | None = None, sample_rate: int | None = None,
+    def resolve_voice(self, voice: str | None) -> str:
+        return voice or self.default_voice
+
+    def synthesize(self, text: str, *, voice: str | None = None, output_rate: int | None = None,
                    playback_ahead: float = 0.0) -> FakeStream:  # fmt: skip
         self.texts.append(text)
         self.voices_used.append(voice)

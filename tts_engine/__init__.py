@@ -4,18 +4,22 @@ Importable with torch and numpy only: nothing here knows about sockets, devices 
 """
 
 from tts_engine.backends import Backend, BackendStream, available_backends, create_backend
-from tts_engine.engine import SUPPORTED_SAMPLE_RATES, TTSEngine
+from tts_engine.engine import TTSEngine
 from tts_engine.errors import EngineClosed, EngineError, EngineOverloaded, SynthesisFailed, UnknownVoice
+from tts_engine.interface import OUTPUT_RATES, EngineInfo, SpeechEngine, SpeechStream
 from tts_engine.request import RequestStatus, SynthesisStream
 
 __all__ = [
-    "SUPPORTED_SAMPLE_RATES",
+    "OUTPUT_RATES",
     "Backend",
     "BackendStream",
     "EngineClosed",
     "EngineError",
+    "EngineInfo",
     "EngineOverloaded",
     "RequestStatus",
+    "SpeechEngine",
+    "SpeechStream",
     "SynthesisFailed",
     "SynthesisStream",
     "TTSEngine",

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from tts_engine.build import build_engine, read_config
-from tts_engine.worker.server import WorkerServer, parse_address
+from tts_engine.worker.protocol import parse_address
+from tts_engine.worker.server import WorkerServer
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,9 +6,9 @@ import uuid
 from collections.abc import Container, Sequence
 
 from tts_engine.errors import UnknownVoice
+from tts_engine.interface import OUTPUT_RATES
 from tts_engine.voices import VoiceError
 
-SUPPORTED_SAMPLE_RATES = (8000, 12000, 16000, 22050, 24000, 44100, 48000)
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
 MAX_INSTRUCT_CHARS = 500
 
@@ -34,12 +34,12 @@ def check_encodable(value: str, name: str) -> None:
         ) from None
 
 
-def check_arguments(text: str, sample_rate: int, speed: float) -> None:
+def check_arguments(text: str, output_rate: int, speed: float) -> None:
     if not isinstance(text, str):
         raise TypeError(f"text must be str, got {type(text).__name__}")
     check_encodable(text, "text")
-    if isinstance(sample_rate, bool) or sample_rate not in SUPPORTED_SAMPLE_RATES:
-        raise ValueError(f"sample_rate must be one of {SUPPORTED_SAMPLE_RATES}, got {sample_rate!r}")
+    if isinstance(output_rate, bool) or output_rate not in OUTPUT_RATES:
+        raise ValueError(f"output_rate (the stream's sample_rate) must be one of {OUTPUT_RATES}, got {output_rate!r}")
     if isinstance(speed, bool) or not isinstance(speed, int | float) or not MIN_SPEED <= speed <= MAX_SPEED:
         raise ValueError(f"speed must be a number in [{MIN_SPEED}, {MAX_SPEED}], got {speed!r}")
 

@@ -42,7 +42,6 @@ from typing import Any
 from tts_engine.arguments import (
     MAX_SPEED,
     MIN_SPEED,
-    SUPPORTED_SAMPLE_RATES,
     check_arguments,
     check_instruct,
     check_req_id,
@@ -53,16 +52,18 @@ from tts_engine.arguments import (
 from tts_engine.backends.base import Backend
 from tts_engine.engine_loop import CallOutcome, EngineLoop
 from tts_engine.errors import EngineClosed, EngineError, EngineOverloaded
+from tts_engine.interface import OUTPUT_RATES, EngineInfo
 from tts_engine.request import ChunkCredit, EngineRequest, SynthesisStream
 from tts_engine.voices import PromptAudio, VoiceError, VoicePreset, decode_prompt_wav
 
-__all__ = ["MAX_SPEED", "MIN_SPEED", "SUPPORTED_SAMPLE_RATES", "TTSEngine"]
+__all__ = ["MAX_SPEED", "MIN_SPEED", "OUTPUT_RATES", "TTSEngine"]
 
 logger = logging.getLogger(__name__)
 
 
 class TTSEngine:
-    """Shared speech engine: ``synthesize()`` returns a ``SynthesisStream`` of int16 chunks."""
+    """Shared speech engine in this process: the ``SpeechEngine`` of tts_engine/interface.py.
+    ``synthesize()`` returns a ``SynthesisStream`` of int16 chunks."""
 
     def __init__(
         self,
@@ -83,7 +84,7 @@ class TTSEngine:
         self.max_buffered_chunks = max_buffered_chunks
         self._voices = list(backend.voices())
         self._default_voice = backend.default_voice
-        self.max_text_chars = backend.max_text_chars  # read once, like the backend's limits
+        self._max_text_chars = backend.max_text_chars  # read once, like the backend's limits
         self._engine = EngineLoop(
             backend,
             max_buffered_chunks=max_buffered_chunks,
@@ -107,13 +108,30 @@ class TTSEngine:
     # -- properties ----------------------------------------------------------------------------------
 
     @property
+    def info(self) -> EngineInfo:
+        """What this engine is and takes (its backend's, and its own limits as they are now)."""
+        return EngineInfo(
+            backend=self._backend.name,
+            sample_rate=self._backend.sample_rate,
+            supports_cloning=self._backend.supports_cloning,
+            text_normalization=self.text_normalization,
+            max_text_chars=self._max_text_chars,
+            max_buffered_chunks=self.max_buffered_chunks,
+            max_pending_requests=self.max_pending_requests,
+        )
+
+    @property
     def backend_name(self) -> str:
         return self._backend.name
 
     @property
     def sample_rate(self) -> int:
-        """The backend's native rate (streams are resampled to the rate each request asks for)."""
+        """The backend's native rate (streams are resampled to the output rate each request asks for)."""
         return self._backend.sample_rate
+
+    @property
+    def max_text_chars(self) -> int | None:
+        return self._max_text_chars
 
     @property
     def voices(self) -> list[str]:
@@ -122,6 +140,10 @@ class TTSEngine:
     @property
     def default_voice(self) -> str:
         return self._default_voice
+
+    def resolve_voice(self, voice: str | None) -> str:
+        """``voice`` as it would be spoken: the default for None; ``UnknownVoice`` if not offered."""
+        return resolve_voice(voice, self._default_voice, self._voices)
 
     @property
     def supports_cloning(self) -> bool:
@@ -141,7 +163,7 @@ class TTSEngine:
         return self._engine.is_started and not self._is_closed
 
     @property
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, int | float]:
         """Counters for metrics; a fresh snapshot on each access."""
         return {
             "requests_total": self._num_requests_total,
@@ -157,13 +179,9 @@ class TTSEngine:
     def health(self) -> dict[str, Any]:
         stats = self.stats
         return {
-            "backend": self.backend_name,
-            "sample_rate": self.sample_rate,
+            **self.info.as_dict(),
             "voices": self.voices,
             "default_voice": self.default_voice,
-            "supports_cloning": self.supports_cloning,
-            "text_normalization": self.text_normalization,
-            "max_text_chars": self.max_text_chars,
             "state": self._state(),
             "live_requests": stats["live"],
             "open_streams": len(self._streams),
@@ -228,13 +246,14 @@ class TTSEngine:
         text: str,
         *,
         voice: str | None = None,
-        sample_rate: int = 16000,
+        output_rate: int = 16000,
         req_id: str | None = None,
         speed: float = 1.0,
         instruct: str | None = None,
         playback_ahead: float = 0.0,
     ) -> SynthesisStream:
-        """Queue ``text``; returns at once. Call on the engine's event loop.
+        """Queue ``text``; returns at once, its stream resampled to ``output_rate`` (one of
+        ``OUTPUT_RATES``). Call on the engine's event loop.
 
         ``instruct`` is a style instruction (CosyVoice instruct mode); backends without
         ``supports_instruct`` (fake, espeak) ignore it. ``playback_ahead`` is how many seconds of the
@@ -244,12 +263,12 @@ class TTSEngine:
         another listener's first chunk. A value that is not a finite positive number counts as 0.
         """
         self._check_open()
-        check_arguments(text, sample_rate, speed)
-        check_text_length(text, self.max_text_chars)
-        voice = resolve_voice(voice, self._default_voice, self._voices)
+        check_arguments(text, output_rate, speed)
+        check_text_length(text, self._max_text_chars)
         return self._submit(
-            text, voice, sample_rate, req_id, speed, check_instruct(instruct), playback_ahead=playback_ahead
-        )
+            text, self.resolve_voice(voice), output_rate, req_id, speed, check_instruct(instruct),
+            playback_ahead=playback_ahead,
+        )  # fmt: skip
 
     def synthesize_zero_shot(
         self,
@@ -257,7 +276,7 @@ class TTSEngine:
         *,
         prompt_wav: bytes,
         prompt_text: str,
-        sample_rate: int = 16000,
+        output_rate: int = 16000,
         speed: float = 1.0,
         req_id: str | None = None,
         instruct: str | None = None,
@@ -268,11 +287,11 @@ class TTSEngine:
         when the request starts; nothing is cached. Raises VoiceError when the backend cannot clone.
         """
         self._check_open()
-        check_arguments(text, sample_rate, speed)
-        check_text_length(text, self.max_text_chars)
+        check_arguments(text, output_rate, speed)
+        check_text_length(text, self._max_text_chars)
         prompt_text = check_zero_shot(self.backend_name, self._backend.supports_cloning, prompt_text)
         audio = decode_prompt_wav(prompt_wav)
-        return self._submit(text, "", sample_rate, req_id, speed, check_instruct(instruct), audio, prompt_text)
+        return self._submit(text, "", output_rate, req_id, speed, check_instruct(instruct), audio, prompt_text)
 
     def _check_open(self) -> asyncio.AbstractEventLoop:
         if self._is_closed:
@@ -285,7 +304,7 @@ class TTSEngine:
         self,
         text: str,
         voice: str,
-        sample_rate: int,
+        output_rate: int,
         req_id: str | None,
         speed: float,
         instruct: str | None,
@@ -303,7 +322,7 @@ class TTSEngine:
         credit = ChunkCredit(playback_ahead)
         stream = SynthesisStream(
             req_id,
-            sample_rate,
+            output_rate,
             credit=credit,
             max_buffered_chunks=self.max_buffered_chunks,
             on_resume=self._resume,
@@ -311,10 +330,10 @@ class TTSEngine:
             on_done=self._forget_stream,
         )
         if not text.strip():
-            stream._push_end()  # nothing to say: an empty stream, the engine never sees it
+            stream.finish()  # nothing to say: an empty stream, the engine never sees it
             return stream
         request = EngineRequest(
-            req_id=req_id, text=text, voice=voice, speed=float(speed), sample_rate=sample_rate,
+            req_id=req_id, text=text, voice=voice, speed=float(speed), output_rate=output_rate,
             stream=stream, credit=credit, instruct=instruct, prompt_audio=prompt_audio, prompt_text=prompt_text,
         )  # fmt: skip
         self._streams[req_id] = stream
@@ -367,7 +386,7 @@ class TTSEngine:
     def abort(self, req_id: str) -> bool:
         """Abort an open request; its stream ends quietly. False when no open stream has this id."""
         stream = self._streams.get(req_id)
-        return stream is not None and stream._abort()
+        return stream is not None and stream.abort()
 
     # -- event-loop helpers --------------------------------------------------------------------------
 
@@ -386,7 +405,7 @@ class TTSEngine:
         for stream in list(self._streams.values()):
             error = EngineClosed(reason)
             error.__cause__ = cause
-            stream._push_end(error)
+            stream.finish(error)
         for future in list(self._calls):
             if not future.done():
                 future.set_exception(EngineClosed(reason))

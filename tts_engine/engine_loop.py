@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from tts_engine.backends.base import Backend
+from tts_engine.backends.base import Backend, BackendStream
 from tts_engine.errors import EngineError, EngineOverloaded, SynthesisFailed
 from tts_engine.postprocess import postprocess_chunks
 from tts_engine.request import EngineRequest, RequestStatus
@@ -272,7 +272,7 @@ class EngineLoop:
         self.counts["steps_total"] += 1
         self.counts["step_streams_total"] += len(scheduled)
         try:
-            streams = [r.backend_stream for r in scheduled]
+            streams = [_opened(r) for r in scheduled]
             budget = plan.budget  # passed only when it caps something: uncapped backends keep step(streams)
             outputs: list[Any] = list(
                 self._backend.step(streams, budget) if budget.is_capped else self._backend.step(streams)
@@ -285,8 +285,8 @@ class EngineLoop:
         if self._is_shutting_down:
             return
         result = scheduler.update_from_output(plan, outputs)
-        for request, error in result.failed:
-            self._finish_requests([request.req_id], RequestStatus.FINISHED_FAILED, error)
+        for request, failure in result.failed:
+            self._finish_requests([request.req_id], RequestStatus.FINISHED_FAILED, failure)
         chunks = [(r, c) for r, c in result.chunks if not _is_empty(c)]
         for (request, _), pcm in zip(chunks, postprocess_chunks(chunks), strict=True):
             self._deliver_or_fail(request, pcm)
@@ -304,7 +304,7 @@ class EngineLoop:
             try:
                 request.backend_stream = self._open_backend_stream(request)
                 request.resampler = StreamingResampler(
-                    self._backend.sample_rate, request.sample_rate, device=self._backend.device
+                    self._backend.sample_rate, request.output_rate, device=self._backend.device
                 )
             except Exception as exc:  # noqa: BLE001 - fails this request only
                 self._finish_requests([request.req_id], RequestStatus.FINISHED_FAILED, exc)
@@ -340,14 +340,14 @@ class EngineLoop:
         for request in finished:
             if status == RequestStatus.FINISHED_STOPPED:
                 self.counts["requests_finished"] += 1
-                self._post(request.stream._push_end, None)
+                self._post(request.stream.finish, None)
             elif status == RequestStatus.FINISHED_FAILED:
                 self.counts["requests_failed"] += 1
                 cause = error if error is not None else EngineError("unknown failure")
                 logger.warning("TTS request %s failed: %r", request.req_id, cause)
                 if not isinstance(cause, EngineOverloaded):  # a timed-out wait raises EngineOverloaded itself
                     cause = SynthesisFailed(request.req_id, cause)
-                self._post(request.stream._push_end, cause)
+                self._post(request.stream.finish, cause)
             elif status == RequestStatus.FINISHED_ABORTED:
                 self.counts["requests_aborted"] += 1
             # FINISHED_CLOSED: the loop side fails open streams itself once the thread has stopped.
@@ -361,6 +361,13 @@ class EngineLoop:
             loop.call_soon_threadsafe(callback, arg)
         except RuntimeError as exc:  # the loop is closed
             raise _LoopGone from exc
+
+
+def _opened(request: EngineRequest) -> BackendStream:
+    """A scheduled request's backend stream (the scheduler schedules opened requests only)."""
+    if request.backend_stream is None:
+        raise EngineError(f"request {request.req_id} was scheduled before its stream opened")
+    return request.backend_stream
 
 
 def _is_empty(chunk: Any) -> bool:

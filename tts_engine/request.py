@@ -4,6 +4,10 @@
 (after ``synthesize()`` hands it over through the inbox). ``SynthesisStream`` is the event loop's side:
 an async iterator of int16 chunks that the engine feeds through ``loop.call_soon_threadsafe``.
 ``ChunkCredit`` is the one object both sides touch, and each of its two counters has a single writer.
+
+A stream fed from elsewhere (an engine worker's, gateway/engine_client_link.py) uses the public feed:
+``receive()`` for a chunk made there (counted as produced, refused past the buffer bound) and
+``finish()`` for its end; the engine thread uses ``finish()`` too.
 """
 
 from __future__ import annotations
@@ -82,7 +86,7 @@ class EngineRequest:
     text: str
     voice: str
     speed: float
-    sample_rate: int  # the rate the consumer asked for; chunks are resampled to it
+    output_rate: int  # the rate the consumer asked for; chunks are resampled to it
     stream: SynthesisStream  # the loop side; only ever called through loop.call_soon_threadsafe
     credit: ChunkCredit
     instruct: str | None = None  # style instruction (backends with supports_instruct only)
@@ -108,7 +112,8 @@ class EngineRequest:
 
 
 class SynthesisStream:
-    """Async iterator of int16 mono ``np.ndarray`` chunks at ``sample_rate``, from ``TTSEngine.synthesize()``.
+    """Async iterator of int16 mono ``np.ndarray`` chunks at ``sample_rate`` (its request's output rate),
+    from ``TTSEngine.synthesize()``: the ``SpeechStream`` of tts_engine/interface.py.
 
     Read it with ``async for``. ``aclose()`` (or leaving ``async with``) aborts the request in the engine;
     so does cancelling the task while it waits for the next chunk. A backend failure raises
@@ -133,7 +138,7 @@ class SynthesisStream:
         self._max_buffered_chunks = max_buffered_chunks
         self._on_resume = on_resume
         self._on_abort = on_abort
-        self._on_done: Callable[[SynthesisStream], None] | None = on_done
+        self._on_done: list[Callable[[SynthesisStream], None]] = [on_done]
         self._chunks: deque[np.ndarray] = deque()
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
@@ -167,6 +172,16 @@ class SynthesisStream:
             self._on_resume()
 
     @property
+    def max_buffered_chunks(self) -> int:
+        """Unread chunks this stream may hold; the engine makes no more until its reader takes one."""
+        return self._max_buffered_chunks
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why it ended, once it ended with an error (until a reader has raised it)."""
+        return self._error
+
+    @property
     def num_buffered(self) -> int:
         """Chunks received from the engine and not read yet."""
         return len(self._chunks)
@@ -177,15 +192,28 @@ class SynthesisStream:
         credit = self._credit
         return max(0, credit.samples_produced - credit.samples_consumed) / self.sample_rate
 
-    # -- called by the engine, on the event loop ---------------------------------------------------
+    # -- fed by the engine (or a worker link), on the event loop -----------------------------------
 
     def _push_chunk(self, chunk: np.ndarray) -> None:
+        """A chunk the engine thread made (and counted as produced)."""
         if self.is_finished:
             return  # aborted or closed meanwhile: its chunks are never delivered
         self._chunks.append(chunk)
         self._wake()
 
-    def _push_end(self, error: BaseException | None = None) -> None:
+    def receive(self, chunk: np.ndarray) -> bool:
+        """A chunk made elsewhere (an engine worker): counted as produced here and buffered; False, and
+        nothing buffered, when it breaks the buffer bound (the sender ignored the credit)."""
+        credit = self._credit
+        credit.num_produced += 1
+        credit.samples_produced += chunk.size
+        if len(self._chunks) >= self._max_buffered_chunks:
+            return False
+        self._push_chunk(chunk)
+        return True
+
+    def finish(self, error: BaseException | None = None) -> None:
+        """No more chunks: the reader gets the buffered ones, then ``error`` (or the end). Idempotent."""
         if self.is_finished:
             return
         self.is_finished = True
@@ -211,7 +239,7 @@ class SynthesisStream:
             try:
                 await self._waiter
             except asyncio.CancelledError:
-                self._abort()
+                self.abort()
                 raise
             finally:
                 self._waiter = None
@@ -227,7 +255,7 @@ class SynthesisStream:
 
     async def aclose(self) -> None:
         """Abort the request in the engine and drop buffered chunks. Idempotent."""
-        self._abort()
+        self.abort()
 
     async def __aenter__(self) -> SynthesisStream:
         return self
@@ -237,8 +265,9 @@ class SynthesisStream:
     ) -> None:
         await self.aclose()
 
-    def _abort(self) -> bool:
-        """End the stream now and tell the engine; False when it had already ended."""
+    def abort(self) -> bool:
+        """End the stream now and tell the engine; False when it had already ended (the synchronous
+        ``aclose()``)."""
         self._chunks.clear()
         if self.is_finished:
             return False
@@ -253,10 +282,17 @@ class SynthesisStream:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
+    def add_done_callback(self, callback: Callable[[SynthesisStream], None]) -> None:
+        """Call ``callback(stream)`` once it has ended (finished, failed or aborted); at once if it has."""
+        if self.is_finished:
+            callback(self)
+        else:
+            self._on_done.append(callback)
+
     def _done(self) -> None:
-        on_done, self._on_done = self._on_done, None
-        if on_done is not None:
-            on_done(self)
+        callbacks, self._on_done = self._on_done, []
+        for callback in callbacks:
+            callback(self)
 
     def __repr__(self) -> str:
         state = "aborted" if self.is_aborted else "finished" if self.is_finished else "open"

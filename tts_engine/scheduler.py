@@ -131,7 +131,7 @@ class Scheduler:
         """Seconds of audio produced for ``request`` and not yet read by its consumer, plus the
         consumer's audio queued ahead of it."""
         credit = request.credit
-        slack = max(0, credit.samples_produced - credit.samples_consumed) / request.sample_rate
+        slack = max(0, credit.samples_produced - credit.samples_consumed) / request.output_rate
         return slack + self._ahead(request)
 
     def _ahead(self, request: EngineRequest) -> float:

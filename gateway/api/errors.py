@@ -10,7 +10,7 @@ does), so other routers of the app keep FastAPI's defaults. ``api_error()`` maps
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 from fastapi import Request, Response
@@ -128,7 +128,7 @@ class ApiRoute(APIRoute):
     Bodies are capped before they get here, while they stream (``gateway.http_guard``: 413).
     """
 
-    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def handle(request: Request) -> Response:
@@ -152,7 +152,7 @@ class UploadRoute(ApiRoute):
     (``api.max_prompt_bytes`` on top of the text cap). Its multipart text fields must be valid UTF-8
     (``gateway.api.forms``: 400 ``invalid_text``, not mojibake)."""
 
-    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         from gateway.api.forms import StrictFormRequest  # imports this module
 
         handler = super().get_route_handler()

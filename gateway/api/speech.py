@@ -31,16 +31,16 @@ from gateway.api.synthesis import (
     check_audio_format,
     check_sample_rate,
     check_text,
+    choose_voice,
     chunks_from,
     client_gone_response,
     collect_pcm,
     encoded_body,
     first_chunk,
     open_stream,
-    resolve_voice,
     services_of,
 )
-from tts_engine import SynthesisStream
+from tts_engine import SpeechStream
 from tts_engine.engine import MAX_SPEED, MIN_SPEED
 from tts_engine.errors import EngineError
 
@@ -179,18 +179,18 @@ def _prepare(
     text_param: str = "text",
     voice_param: str = "voice",
     format_param: str = "format",
-) -> tuple[SynthesisStream, int]:
+) -> tuple[SpeechStream, int]:
     """Check the request (400s name the offending field) and queue it in the engine: (stream, rate)."""
     services = services_of(request)
     rate = check_sample_rate(services, sample_rate)
     check_audio_format(fmt, rate, param=format_param)
     check_text(services, text, param=text_param)
-    name = resolve_voice(services, voice, param=voice_param, lenient=True)  # api.unknown_voice applies
-    stream = open_stream(services, text, voice=name, sample_rate=rate, speed=speed, instruct=instruct)
+    name = choose_voice(services, voice, param=voice_param, lenient=True)  # api.unknown_voice applies
+    stream = open_stream(services, text, voice=name, output_rate=rate, speed=speed, instruct=instruct)
     return stream, rate
 
 
-async def _whole_file(request: Request, stream: SynthesisStream, fmt: str, sample_rate: int) -> Response:
+async def _whole_file(request: Request, stream: SpeechStream, fmt: str, sample_rate: int) -> Response:
     try:
         pcm = await collect_pcm(request, stream)
     except ClientGone:
@@ -200,7 +200,7 @@ async def _whole_file(request: Request, stream: SynthesisStream, fmt: str, sampl
 
 
 async def _streamed(
-    request: Request, stream: SynthesisStream, encoder: StreamingEncoder, *, media_type: str | None = None
+    request: Request, stream: SpeechStream, encoder: StreamingEncoder, *, media_type: str | None = None
 ) -> Response:
     try:
         first = await first_chunk(request, stream)
@@ -219,7 +219,7 @@ def _sse(event: dict[str, Any]) -> str:
 
 
 async def _sse_events(
-    stream: SynthesisStream, first: Any, encoder: StreamingEncoder, *, num_chars: int
+    stream: SpeechStream, first: Any, encoder: StreamingEncoder, *, num_chars: int
 ) -> AsyncIterator[str]:
     """OpenAI's speech SSE: ``speech.audio.delta`` (base64 audio in the response format), then ``done``."""
     num_samples = 0

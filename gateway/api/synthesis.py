@@ -26,8 +26,8 @@ from audio_codecs.formats import StreamingEncoder, UnsupportedFormat, check_form
 from gateway.api.errors import ApiError, api_error
 from gateway.services import Services
 from gateway.text_cleaning import has_speech, lone_surrogate_at
-from tts_engine import SUPPORTED_SAMPLE_RATES, SynthesisStream
-from tts_engine.errors import EngineError
+from tts_engine import OUTPUT_RATES, SpeechStream
+from tts_engine.errors import EngineError, UnknownVoice
 
 log = logging.getLogger(__name__)
 
@@ -44,35 +44,38 @@ def services_of(request: Request) -> Services:
     return request.app.state.services
 
 
-def resolve_voice(
+def choose_voice(
     services: Services, voice: str | None, *, param: str = "voice", lenient: bool = False
 ) -> str:
-    """A voice the engine offers: the name itself, else an alias (``api.voice_aliases``), else 400.
-
-    ``lenient`` endpoints (the HTTP speech endpoints that the incumbent's providers and OpenAI clients
-    call) answer an unknown name with the default voice instead while ``api.unknown_voice`` is
-    ``fallback``, logging each such name once.
+    """The voice an API request speaks in, as the engine resolves it (its one resolver,
+    ``SpeechEngine.resolve_voice``: the name itself, the default for none), after the API's own policy:
+    an alias (``api.voice_aliases``) stands for its target, and ``lenient`` endpoints (the HTTP speech
+    endpoints that the incumbent's providers and OpenAI clients call) speak an unknown name in the
+    default voice while ``api.unknown_voice`` is ``fallback``, logging each such name once. Else 400.
     """
     engine = services.engine
-    if voice is None or voice == "":
-        return engine.default_voice
-    if voice in engine.voices:
-        return voice
+    name = voice or None
+    try:
+        return engine.resolve_voice(name)
+    except UnknownVoice:
+        pass
+    assert name is not None  # the default voice always resolves
     fallback = lenient and services.config.api.unknown_voice == "fallback"
     aliases = services.config.api.voice_aliases
-    if voice in aliases:
-        target = aliases[voice] or engine.default_voice
-        if target in engine.voices:
-            return target
-        if not fallback:
-            raise ApiError(400, f"voice {voice!r} is an alias of {target!r}, which is not loaded",
-                           code="unknown_voice", param=param)  # fmt: skip
+    if name in aliases:
+        target = aliases[name] or None
+        try:
+            return engine.resolve_voice(target)
+        except UnknownVoice:
+            if not fallback:
+                raise ApiError(400, f"voice {name!r} is an alias of {target or engine.default_voice!r}, which is "
+                               "not loaded", code="unknown_voice", param=param) from None  # fmt: skip
     if fallback:
-        _report_fallback(voice, engine.default_voice)
-        return engine.default_voice
+        _report_fallback(name, engine.default_voice)
+        return engine.resolve_voice(None)
     raise ApiError(
         400,
-        f"unknown voice {voice[:_MAX_VOICE_SHOWN]!r}; available: {', '.join(engine.voices)} (see GET /v1/voices)",
+        f"unknown voice {name[:_MAX_VOICE_SHOWN]!r}; available: {', '.join(engine.voices)} (see GET /v1/voices)",
         code="unknown_voice",
         param=param,
     )
@@ -138,8 +141,8 @@ def text_limit(services: Services) -> tuple[int, str]:
 def check_sample_rate(services: Services, sample_rate: int | None, *, param: str = "sample_rate") -> int:
     if sample_rate is None:
         return services.config.api.default_sample_rate
-    if sample_rate not in SUPPORTED_SAMPLE_RATES:
-        rates = ", ".join(map(str, SUPPORTED_SAMPLE_RATES))
+    if sample_rate not in OUTPUT_RATES:
+        rates = ", ".join(map(str, OUTPUT_RATES))
         raise ApiError(400, f"unsupported sample_rate {sample_rate}; use one of {rates}",
                        code="unsupported_sample_rate", param=param)  # fmt: skip
     return sample_rate
@@ -161,14 +164,14 @@ def open_stream(
     text: str,
     *,
     voice: str,
-    sample_rate: int,
+    output_rate: int,
     speed: float,
     instruct: str | None = None,
-) -> SynthesisStream:
+) -> SpeechStream:
     """Queue ``text`` in the shared engine; engine errors become API errors."""
     try:
         return services.engine.synthesize(
-            text, voice=voice, sample_rate=sample_rate, speed=speed, instruct=instruct or None
+            text, voice=voice, output_rate=output_rate, speed=speed, instruct=instruct or None
         )
     except (EngineError, ValueError) as exc:
         raise api_error(exc) from exc
@@ -200,7 +203,7 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     return task.result()
 
 
-async def first_chunk(request: Request, stream: SynthesisStream) -> np.ndarray | None:
+async def first_chunk(request: Request, stream: SpeechStream) -> np.ndarray | None:
     """The stream's first chunk (None: no audio), so errors before any audio still get a status code."""
 
     async def take() -> np.ndarray | None:
@@ -217,7 +220,7 @@ async def first_chunk(request: Request, stream: SynthesisStream) -> np.ndarray |
         raise
 
 
-async def collect_pcm(request: Request, stream: SynthesisStream) -> np.ndarray:
+async def collect_pcm(request: Request, stream: SpeechStream) -> np.ndarray:
     """All of the stream's audio as one int16 array."""
 
     async def take_all() -> np.ndarray:
@@ -232,7 +235,7 @@ async def collect_pcm(request: Request, stream: SynthesisStream) -> np.ndarray:
         await stream.aclose()
 
 
-async def chunks_from(stream: SynthesisStream, first: np.ndarray | None) -> AsyncIterator[np.ndarray]:
+async def chunks_from(stream: SpeechStream, first: np.ndarray | None) -> AsyncIterator[np.ndarray]:
     """``first`` (already taken by ``first_chunk``), then the rest of the stream."""
     if first is None:
         return
@@ -242,7 +245,7 @@ async def chunks_from(stream: SynthesisStream, first: np.ndarray | None) -> Asyn
 
 
 async def encoded_body(
-    stream: SynthesisStream, first: np.ndarray | None, encoder: StreamingEncoder
+    stream: SpeechStream, first: np.ndarray | None, encoder: StreamingEncoder
 ) -> AsyncIterator[bytes]:
     """The stream's audio through ``encoder``: header, frames as they are ready, then the tail."""
     async for chunk in chunks_from(stream, first):
@@ -265,7 +268,7 @@ class EngineStreamingResponse(StreamingResponse):
         self,
         content: AsyncIterator[bytes | str],
         *,
-        stream: SynthesisStream,
+        stream: SpeechStream,
         media_type: str,
         headers: Mapping[str, str] | None = None,
     ) -> None:

@@ -91,7 +91,7 @@ async def add_voice(
     instruct: Annotated[str | None, Form()] = None,
     description: Annotated[str, Form()] = "",
     overwrite: Annotated[bool, Form()] = False,
-) -> JSONResponse:
+) -> Response:
     """Clone a voice from a recording and its transcript; saved under voices/, usable at once."""
     services = services_of(request)
     engine = services.engine
@@ -185,7 +185,7 @@ async def zero_shot(
     wav = await read_prompt_upload(services, prompt_wav)
     try:
         stream = services.engine.synthesize_zero_shot(
-            text, prompt_wav=wav, prompt_text=prompt_text, sample_rate=rate, speed=speed,
+            text, prompt_wav=wav, prompt_text=prompt_text, output_rate=rate, speed=speed,
             instruct=instruct or None,
         )  # fmt: skip
     except (EngineError, ValueError) as exc:

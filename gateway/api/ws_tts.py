@@ -34,7 +34,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from gateway.api.auth import websocket_authorized
 from gateway.api.errors import ApiError, api_error, validation_message
-from gateway.api.synthesis import check_sample_rate, check_text, open_stream, resolve_voice
+from gateway.api.synthesis import check_sample_rate, check_text, choose_voice, open_stream
 from gateway.services import Services
 from tts_engine.engine import MAX_SPEED, MIN_SPEED
 from tts_engine.errors import EngineError
@@ -146,7 +146,7 @@ class _WsTtsConnection:
         return _Job(
             id=request.id or str(self._num_jobs),
             text=check_text(services, request.text),
-            voice=resolve_voice(services, request.voice),
+            voice=choose_voice(services, request.voice),
             sample_rate=check_sample_rate(services, request.sample_rate),
             speed=request.speed,
             instruct=request.instruct,
@@ -180,7 +180,7 @@ class _WsTtsConnection:
 
     async def _speak(self, job: _Job) -> None:
         try:
-            stream = open_stream(self._services, job.text, voice=job.voice, sample_rate=job.sample_rate,
+            stream = open_stream(self._services, job.text, voice=job.voice, output_rate=job.sample_rate,
                                  speed=job.speed, instruct=job.instruct)  # fmt: skip
         except ApiError as exc:
             await self._error(job.id, exc)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Protocol, runtime_checkable
 
 __all__ = ["ChatLLM", "LLMError", "validate_messages"]
@@ -20,7 +20,7 @@ class ChatLLM(Protocol):
     plain method returning an ``AsyncIterator`` because that is the type of an async generator.
     """
 
-    def stream_chat(self, messages: list[dict[str, str]]) -> AsyncIterator[str]:
+    def stream_chat(self, messages: list[dict[str, str]]) -> AsyncGenerator[str, None]:
         """Yield the answer to ``messages`` (OpenAI chat format) as text deltas.
 
         Raises ``LLMError`` when the model fails and ``ValueError`` for malformed ``messages``.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import regex
 
@@ -34,7 +34,7 @@ class EchoLLM:
         self._prefix = prefix
         self._delta_chars = delta_chars
 
-    async def stream_chat(self, messages: list[dict[str, str]]) -> AsyncIterator[str]:
+    async def stream_chat(self, messages: list[dict[str, str]]) -> AsyncGenerator[str, None]:
         validate_messages(messages)
         user_text = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "").strip()
         if not user_text:

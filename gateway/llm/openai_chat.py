@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import httpx
@@ -91,7 +91,7 @@ class OpenAIChatLLM:
     def url(self) -> str:
         return self._url
 
-    async def stream_chat(self, messages: list[dict[str, str]]) -> AsyncIterator[str]:
+    async def stream_chat(self, messages: list[dict[str, str]]) -> AsyncGenerator[str, None]:
         """Yield the answer's text deltas (never empty strings); raise ``LLMError`` on failure."""
         self._check_open()
         validate_messages(messages)
@@ -103,7 +103,7 @@ class OpenAIChatLLM:
 
     async def stream_round(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], *, tool_choice: str = "auto"
-    ) -> AsyncIterator[str | list[ToolCall]]:
+    ) -> AsyncGenerator[str | list[ToolCall], None]:
         """One round of a turn with tools: text deltas, then the list of calls if the model made any.
 
         ``messages`` may hold assistant ``tool_calls`` and ``tool`` results; ``tool_choice: none``
@@ -129,7 +129,7 @@ class OpenAIChatLLM:
         if calls:
             yield calls.calls()
 
-    async def _round_items(self, body: dict[str, Any]) -> AsyncIterator[str | list[Any]]:
+    async def _round_items(self, body: dict[str, Any]) -> AsyncGenerator[str | list[Any], None]:
         """The round's items; asked again without tools if the server rejects them (HTTP 400)."""
         items = self._first_within_timeout(self._stream_items(body))
         try:
@@ -153,7 +153,7 @@ class OpenAIChatLLM:
         if self._closed:
             raise RuntimeError("OpenAIChatLLM is closed")
 
-    async def _first_within_timeout(self, items: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async def _first_within_timeout(self, items: AsyncGenerator[Any, None]) -> AsyncGenerator[Any, None]:
         deadline = asyncio.get_running_loop().time() + self._first_token_timeout_s
         try:
             try:
@@ -198,7 +198,7 @@ class OpenAIChatLLM:
             headers["Authorization"] = f"Bearer {self._api_key}"
         return headers
 
-    async def _stream_items(self, body: dict[str, Any]) -> AsyncIterator[str | list[Any]]:
+    async def _stream_items(self, body: dict[str, Any]) -> AsyncGenerator[str | list[Any], None]:
         """Text deltas (str) and raw ``delta.tool_calls`` pieces (list) in stream order."""
         try:
             async with self._client.stream(
@@ -241,7 +241,7 @@ class OpenAIChatLLM:
             raise LLMError(f"request to {self._url} failed: {type(exc).__name__}: {exc}") from exc
 
 
-async def _server_sent_events(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, str]]:
+async def _server_sent_events(lines: AsyncIterator[str]) -> AsyncGenerator[tuple[str, str], None]:
     """Group SSE lines into (event type, data) pairs."""
     event = ""
     data_lines: list[str] = []

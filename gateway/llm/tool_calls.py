@@ -10,7 +10,7 @@ rule as the ``openai`` SDK's stream accumulator). Bad pieces are skipped, never 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -34,7 +34,7 @@ class ToolCallingLLM(Protocol):
 
     def stream_round(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], *, tool_choice: str = "auto"
-    ) -> AsyncIterator[str | list[ToolCall]]:
+    ) -> AsyncGenerator[str | list[ToolCall], None]:
         """Yield the answer's text deltas and, last, the list of tool calls if the model made any.
 
         Raises ``LLMError`` when the model fails.

@@ -51,7 +51,7 @@ class BuiltinTools:
         self._enabled = [name for name in BUILTIN_TOOLS if name in enabled]
 
     async def list_tools(self) -> list[ToolSpec]:
-        specs = {
+        specs: dict[str, ToolSpec | Callable[[], ToolSpec | None]] = {
             "end_conversation": ToolSpec(
                 "end_conversation",
                 "End the conversation when the user says goodbye or asks to stop talking. "
@@ -65,10 +65,10 @@ class BuiltinTools:
                 {"type": "object", "properties": {}},
             ),
         }
-        out = []
+        out: list[ToolSpec] = []
         for name in self._enabled:
-            spec = specs[name]
-            spec = spec() if callable(spec) else spec
+            entry = specs[name]
+            spec = entry if isinstance(entry, ToolSpec) else entry()
             if spec is not None:
                 out.append(spec)
         return out

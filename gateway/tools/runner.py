@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +57,7 @@ async def answer_with_tools(
     tools: ToolSet,
     settings: ToolLoopSettings,
     on_call: OnToolCall | None = None,
-) -> AsyncIterator[str | ToolsRunning | Filler]:
+) -> AsyncGenerator[str | ToolsRunning | Filler, None]:
     """The answer to ``messages`` with ``tools`` offered (raises ``LLMError`` if a round fails)."""
     messages = list(messages)
     offered = tools.openai_tools()

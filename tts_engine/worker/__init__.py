@@ -4,7 +4,7 @@ Importable with torch, numpy and msgpack only (no web framework): a GPU box runs
 gateway's dependencies.
 """
 
-from tts_engine.worker.protocol import PROTOCOL_VERSION, FrameReader, ProtocolError, pack
-from tts_engine.worker.server import WorkerServer, parse_address
+from tts_engine.worker.protocol import PROTOCOL_VERSION, FrameReader, ProtocolError, pack, parse_address
+from tts_engine.worker.server import WorkerServer
 
 __all__ = ["PROTOCOL_VERSION", "FrameReader", "ProtocolError", "WorkerServer", "pack", "parse_address"]

@@ -13,6 +13,9 @@ expects an ``auth`` frame with that token first and answers anything else, or no
 ``AUTH_TIMEOUT_S``, with an ``unauthorized`` error before it closes; the hello (capabilities, voices)
 comes only after it. Workers the gateway starts itself listen on unix sockets in a private directory.
 
+The frames themselves are typed structs (tts_engine/worker/frames.py): ``encode()`` one, ``decode()``
+a received map into one (a bad field is a ``FrameError``, answered as ``bad_argument``).
+
 Errors travel typed (``kind``) and become the engine's own exceptions on the client side
 (``error_to_exception``), so an API client sees the same 400/503 for a remote engine as for one in
 process.
@@ -33,31 +36,12 @@ from tts_engine.errors import (
     WorkerLost,
 )
 from tts_engine.voices import VoiceError
+from tts_engine.worker.frames import Error, decode, encode
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 32 * 1024 * 1024  # a voice upload's prompt wav (api.max_prompt_bytes <= 16 MiB) fits
+MAX_AUTH_FRAME_BYTES = 4096
 READ_SIZE = 64 * 1024
-
-# client -> worker
-AUTH = "auth"  # token: the first frame, before the worker's hello, when the worker has a token
-SYNTH = "synth"  # id, text, voice, rate, speed, instruct, ahead [, prompt_wav, prompt_text]
-CREDIT = "credit"  # id, n (chunks), samples: consumed by the reader
-AHEAD = "ahead"  # id, s: the listener's playback credit in seconds, as of now
-ABORT = "abort"  # id
-VOICE_ADD = "voice_add"  # call, name, prompt_wav (bytes or nil), prompt_text, instruct, description
-VOICE_REMOVE = "voice_remove"  # call, name
-HEALTH = "health"  # call
-# worker -> client
-HELLO = "hello"  # version + capabilities
-CHUNK = "chunk"  # id, pcm (int16 little-endian bytes)
-END = "end"  # id, in_flight, report (as in hello: load, steps, memory)
-ERROR = "error"  # kind, message [, id | call]
-RESULT = "result"  # call, voices, default_voice [, report]
-VOICES = "voices"  # change ("add" | "remove"), name, voices, default_voice: another connection's change
-REPORT = "report"  # report: the load changed without an ``end`` (an abort, a connection gone)
-
-CLIENT_TYPES = frozenset({SYNTH, CREDIT, AHEAD, ABORT, VOICE_ADD, VOICE_REMOVE, HEALTH})
-WORKER_TYPES = frozenset({HELLO, CHUNK, END, ERROR, RESULT, VOICES, REPORT})
 
 # error kinds
 UNKNOWN_VOICE = "unknown_voice"
@@ -68,7 +52,9 @@ VOICE_ERROR = "voice_error"
 CLOSED = "closed"
 PROTOCOL = "protocol"
 UNAUTHORIZED = "unauthorized"
-MAX_AUTH_FRAME_BYTES = 4096
+
+__all__ = ["FrameReader", "ProtocolError", "decode", "encode", "error_frame", "error_to_exception",
+           "pack", "parse_address"]  # fmt: skip
 
 
 class ProtocolError(Exception):
@@ -76,6 +62,7 @@ class ProtocolError(Exception):
 
 
 def pack(message: dict[str, Any]) -> bytes:
+    """A raw map as a frame (tests and probes; the peers send typed frames with ``encode()``)."""
     return msgpack.packb(message, use_bin_type=True)
 
 
@@ -99,29 +86,29 @@ class FrameReader:
         return messages
 
 
-def error_message(exc: BaseException, **ids: Any) -> dict[str, Any]:
-    """An ``error`` frame for an exception raised by the engine or by a bad argument."""
+def error_frame(exc: BaseException, *, id: str | None = None, call: int | None = None,
+                in_flight: int | None = None) -> Error:  # fmt: skip
+    """The ``error`` frame for an exception raised by the engine or by a bad argument."""
+    ids: dict[str, Any] = {"id": id, "call": call, "in_flight": in_flight}
     if isinstance(exc, UnknownVoice):
-        return {"t": ERROR, "kind": UNKNOWN_VOICE, "message": str(exc), "voice": exc.voice,
-                "available": exc.available, **ids}  # fmt: skip
-    if isinstance(exc, EngineOverloaded):
-        kind = OVERLOADED
-    elif isinstance(exc, SynthesisFailed):
+        return Error(kind=UNKNOWN_VOICE, message=str(exc), voice=exc.voice, available=exc.available, **ids)
+    if isinstance(exc, SynthesisFailed):
         # the cause's type travels too: a backend that refuses the caller's input (ValueError, VoiceError)
         # is the caller's fault (400), anything else the engine's (500), as in process (gateway/api/errors.py)
-        return {"t": ERROR, "kind": SYNTHESIS_FAILED, "message": str(exc.cause), "cause": _cause_kind(exc.cause),
-                **ids}  # fmt: skip
+        return Error(kind=SYNTHESIS_FAILED, message=str(exc.cause), cause=_cause_kind(exc.cause), **ids)
+    if isinstance(exc, EngineOverloaded):
+        kind = OVERLOADED
     elif isinstance(exc, VoiceError):
         kind = VOICE_ERROR
     elif isinstance(exc, EngineClosed):
         kind = CLOSED
-    elif isinstance(exc, ValueError | TypeError | KeyError):
+    elif isinstance(exc, ValueError | TypeError | KeyError):  # a FrameError is a ValueError
         kind = BAD_ARGUMENT
     elif isinstance(exc, ProtocolError):
         kind = PROTOCOL
     else:
         kind = SYNTHESIS_FAILED
-    return {"t": ERROR, "kind": kind, "message": str(exc), **ids}
+    return Error(kind=kind, message=str(exc), **ids)
 
 
 def _cause_kind(cause: BaseException) -> str:
@@ -133,21 +120,17 @@ def _cause_kind(cause: BaseException) -> str:
     return SYNTHESIS_FAILED
 
 
-def error_to_exception(message: dict[str, Any], req_id: str = "") -> BaseException:
-    """The client side of ``error_message``: the engine exception a local engine would have raised."""
-    kind, text = message.get("kind"), str(message.get("message", ""))
+def error_to_exception(error: Error, req_id: str = "") -> BaseException:
+    """The client side of ``error_frame``: the engine exception a local engine would have raised."""
+    kind, text = error.kind, error.message
     if kind == UNKNOWN_VOICE:
-        available = message.get("available")
-        return UnknownVoice(
-            str(message.get("voice", "")), list(available) if isinstance(available, list) else []
-        )
+        return UnknownVoice(error.voice or "", list(error.available or []))
     if kind == OVERLOADED:
         return EngineOverloaded(text)
     if kind == SYNTHESIS_FAILED:
-        cause_kind = message.get("cause")
         cause: BaseException = (
-            ValueError(text) if cause_kind == BAD_ARGUMENT
-            else VoiceError(text) if cause_kind == VOICE_ERROR
+            ValueError(text) if error.cause == BAD_ARGUMENT
+            else VoiceError(text) if error.cause == VOICE_ERROR
             else EngineError(text)
         )  # fmt: skip
         return SynthesisFailed(req_id, cause)
@@ -160,3 +143,18 @@ def error_to_exception(message: dict[str, Any], req_id: str = "") -> BaseExcepti
     if kind == UNAUTHORIZED:
         return WorkerLost(f"engine worker refused the connection: {text}")
     return EngineError(f"engine worker protocol error: {text}")
+
+
+def parse_address(address: str) -> tuple[str, Any]:
+    """``unix:PATH`` -> ("unix", PATH); ``tcp://HOST:PORT`` -> ("tcp", (HOST, PORT))."""
+    if address.startswith("unix:"):
+        path = address[len("unix:") :]
+        if not path:
+            raise ValueError("unix: address needs a path")
+        return "unix", path
+    if address.startswith("tcp://"):
+        host, sep, port = address[len("tcp://") :].rpartition(":")
+        if not sep or not port.isdigit():
+            raise ValueError(f"tcp address must be tcp://HOST:PORT, got {address!r}")
+        return "tcp", (host.strip("[]") or "127.0.0.1", int(port))
+    raise ValueError(f"address must be unix:PATH or tcp://HOST:PORT, got {address!r}")

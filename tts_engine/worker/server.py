@@ -1,12 +1,12 @@
 """One TTSEngine served over a stream socket (unix or TCP) to any number of gateway connections.
 
-Per connection: a reader task decodes frames (tts_engine/worker/protocol.py) and dispatches them; one
-task per request forwards its chunks as they are ready; one writer task drains a bounded outbound
-queue into the socket (``await writer.drain()``: a slow reader slows its forwarders, never the engine
-thread). Each request's stream runs with deferred credit: a chunk counts as consumed when the client
-says so (``credit``), so the engine's ``max_buffered_chunks`` bound and its slack ranking hold end to
-end. A connection that goes away aborts its requests. Bad input gets an ``error`` frame; only an
-undecodable byte stream closes the connection.
+Per connection: a reader task decodes frames (tts_engine/worker/protocol.py, typed structs in
+frames.py) and dispatches them; one task per request forwards its chunks as they are ready; one
+writer task drains a bounded outbound queue into the socket (``await writer.drain()``: a slow reader
+slows its forwarders, never the engine thread). Each request's stream runs with deferred credit: a
+chunk counts as consumed when the client says so (``credit``), so the engine's
+``max_buffered_chunks`` bound and its slack ranking hold end to end. A connection that goes away aborts
+its requests. Bad input gets an ``error`` frame; only an undecodable byte stream closes the connection.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 from tts_engine.engine import TTSEngine
 from tts_engine.request import SynthesisStream
 from tts_engine.voices import VoicePreset, check_voice_name
+from tts_engine.worker import frames as f
 from tts_engine.worker import protocol as p
 
 log = logging.getLogger(__name__)
@@ -64,51 +65,39 @@ class WorkerServer:
     def in_flight(self) -> int:
         return sum(len(c.streams) for c in self._connections)
 
-    def report(self, leaving: int = 0) -> dict[str, Any]:
+    def report(self, leaving: int = 0) -> f.Report:
         """Load, steps and memory; ``leaving``: requests about to end, not counted as in flight."""
         health = self.engine.health()  # once: a report goes out with every request's end
         capacity = int((health.get("batching") or {}).get("capacity") or self.engine.max_pending_requests)
         in_flight = max(0, self.in_flight() - leaving)
-        return {
-            "state": health.get("state", "running"),
-            "capacity": capacity,
-            "in_flight": in_flight,
-            "free": max(0, capacity - in_flight),
-            "queue_depth": health.get("queue_depth", 0),
-            "connections": len(self._connections),
-            "pid": os.getpid(),
-            "device": self.device,
-            "steps_total": int((health.get("stats") or {}).get("steps_total", 0)),  # scripts/bench_gateway.py
+        return f.Report(
+            state=str(health.get("state", "running")),
+            capacity=capacity,
+            in_flight=in_flight,
+            free=max(0, capacity - in_flight),
+            queue_depth=int(health.get("queue_depth", 0)),
+            connections=len(self._connections),
+            pid=os.getpid(),
+            device=self.device,
+            steps_total=int((health.get("stats") or {}).get("steps_total", 0)),  # scripts/bench_gateway.py
             # how long the engine's current step has run (0 between steps): gateways take a step far
             # longer than any should for a stuck engine (docs/engine-workers.md, "Stalls")
-            "step_running_s": round(float(health.get("step_running_s") or 0.0), 3),
+            step_running_s=round(float(health.get("step_running_s") or 0.0), 3),
             # the engine's memory plan and use (flow cache included): /v1/health and /metrics of the gateway
-            "memory": {k: v for k, v in (health.get("memory") or {}).items() if _is_number(v)},
+            memory={k: v for k, v in (health.get("memory") or {}).items() if _is_number(v)},
             **self.counts,
-        }
+        )
 
-    def hello(self) -> dict[str, Any]:
+    def hello(self) -> f.Hello:
         engine = self.engine
-        return {
-            "t": p.HELLO,
-            "version": p.PROTOCOL_VERSION,
-            "backend": engine.backend_name,
-            "sample_rate": engine.sample_rate,
-            "voices": engine.voices,
-            "default_voice": engine.default_voice,
-            "supports_cloning": engine.supports_cloning,
-            "text_normalization": engine.text_normalization,
-            "max_buffered_chunks": engine.max_buffered_chunks,
-            "max_pending_requests": engine.max_pending_requests,
-            "max_text_chars": engine.max_text_chars,
-            **self.report(),
-        }
+        return f.Hello(version=p.PROTOCOL_VERSION, info=engine.info, voices=engine.voices,
+                       default_voice=engine.default_voice, report=self.report())  # fmt: skip
 
     # -- serving ---------------------------------------------------------------------------------
 
     async def start(self) -> asyncio.AbstractServer:
         """Listen on ``self.listen`` (``unix:PATH`` or ``tcp://HOST:PORT``); returns the server."""
-        kind, where = parse_address(self.listen)
+        kind, where = p.parse_address(self.listen)
         if kind == "unix":
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(where)
@@ -148,19 +137,18 @@ class WorkerServer:
 
     def _send_report(self) -> None:
         self._report_due = False
-        message = {"t": p.REPORT, "report": self.report()}
+        message = f.LoadReport(report=self.report())
         for connection in list(self._connections):
             if connection.greeted and not connection.closing:
-                connection._spawn(connection.send(message))
+                connection.spawn(connection.send(message))
 
     def voices_changed(self, change: str, name: str, *, origin: _Connection) -> None:
         """Tell every other connection (other gateways) that ``origin`` changed the voice set."""
         engine = self.engine
-        message = {"t": p.VOICES, "change": change, "name": name, "voices": engine.voices,
-                   "default_voice": engine.default_voice}  # fmt: skip
+        message = f.VoicesChanged(change=change, name=name, voices=engine.voices, default_voice=engine.default_voice)
         for connection in self._connections:
             if connection is not origin and connection.greeted:
-                connection._spawn(connection.send(message))  # through its bounded outbox, in order
+                connection.spawn(connection.send(message))  # through its bounded outbox, in order
 
     def voice_path(self, name: str) -> Path:
         return self._voice_dir / f"{check_voice_name(name)}.wav"
@@ -212,10 +200,10 @@ class _Connection:
             with contextlib.suppress(Exception):
                 await self.writer.wait_closed()
 
-    async def send(self, message: dict[str, Any]) -> None:
+    async def send(self, message: f.Frame) -> None:
         if self.outbox.full():
             self.server.counts["outbox_full_waits"] += 1
-        await self.outbox.put(p.pack(message))
+        await self.outbox.put(f.encode(message))
 
     async def _write_out(self) -> None:
         while (frame := await self.outbox.get()) is not None:
@@ -239,15 +227,19 @@ class _Connection:
         except p.ProtocolError as exc:
             reason = f"bad auth frame: {exc}"
         if messages:
-            first, token = messages[0], messages[0].get("token")
-            if first.get("t") == p.AUTH and isinstance(token, str):
-                if hmac.compare_digest(token.encode(), self.server.token.encode()):
-                    return True
-                reason = "wrong token"
+            try:
+                first = f.decode(messages[0])
+            except f.FrameError as exc:
+                reason = f"bad auth frame: {exc}"
+            else:
+                if isinstance(first, f.Auth):
+                    if hmac.compare_digest(first.token.encode(), self.server.token.encode()):
+                        return True
+                    reason = "wrong token"
         self.server.counts["auth_failures"] += 1
         peer = self.writer.get_extra_info("peername")
         log.warning("refused an engine connection from %s: %s", peer or "a unix socket", reason)
-        await self.send({"t": p.ERROR, "kind": p.UNAUTHORIZED, "message": reason})
+        await self.send(f.Error(kind=p.UNAUTHORIZED, message=reason))
         return False
 
     async def _read_in(self) -> None:
@@ -258,158 +250,118 @@ class _Connection:
             except p.ProtocolError as exc:
                 self.server.counts["protocol_errors"] += 1
                 log.warning("closing an engine connection: %s", exc)
-                await self.send(p.error_message(exc))
+                await self.send(p.error_frame(exc))
                 return
             for message in messages:
                 try:
-                    await self._dispatch(message)
+                    await self._dispatch(f.decode(message))
                 except Exception as exc:  # noqa: BLE001 - a bad frame never takes the worker down
                     self.server.counts["protocol_errors"] += 1
-                    ids = {k: message[k] for k in ("id", "call") if isinstance(message.get(k), str | int)}
-                    await self.send(p.error_message(exc, **ids))
+                    req_id, call = message.get("id"), message.get("call")
+                    await self.send(p.error_frame(exc, id=req_id if isinstance(req_id, str) else None,
+                                                  call=call if isinstance(call, int) else None))  # fmt: skip
 
-    async def _dispatch(self, message: dict[str, Any]) -> None:
-        kind = message["t"]
-        if kind == p.CREDIT:
-            stream = self.streams.get(_str(message, "id"))
-            if stream is not None:
-                stream.credit_consumed(_int(message, "n"), _int(message, "samples"))
-        elif kind == p.AHEAD:
-            stream = self.streams.get(_str(message, "id"))
-            if stream is not None:
-                stream.set_playback_ahead(message.get("s", 0.0))
-        elif kind == p.SYNTH:
-            self._start_request(message)
-        elif kind == p.AUTH:
-            pass  # a token sent to a worker that checks none (or a repeat after it was checked)
-        elif kind == p.ABORT:
-            stream = self.streams.pop(_str(message, "id"), None)
-            if stream is not None:
-                await stream.aclose()
-                self.server.load_changed()
-        elif kind in (p.VOICE_ADD, p.VOICE_REMOVE, p.HEALTH):
-            call = message.get("call")
-            if not isinstance(call, int):
-                raise ValueError("a call needs an integer 'call' id")
-            self._spawn(self._answer_call(message, call))
-        else:
-            raise ValueError(f"unknown message type {kind!r}")
+    async def _dispatch(self, message: f.Frame) -> None:
+        match message:
+            case f.Credit(id=req_id, n=n, samples=samples):
+                stream = self.streams.get(req_id)
+                if stream is not None:
+                    stream.credit_consumed(_count(n, "n"), _count(samples, "samples"))
+            case f.Ahead(id=req_id, s=seconds):
+                stream = self.streams.get(req_id)
+                if stream is not None:
+                    stream.set_playback_ahead(seconds)
+            case f.Synth():
+                self._start_request(message)
+            case f.Auth():
+                pass  # a token sent to a worker that checks none (or a repeat after it was checked)
+            case f.Abort(id=req_id):
+                stream = self.streams.pop(req_id, None)
+                if stream is not None:
+                    await stream.aclose()
+                    self.server.load_changed()
+            case f.VoiceAdd() | f.VoiceRemove() | f.Health():
+                self.spawn(self._answer_call(message))
+            case _:
+                raise ValueError(f"a {message.T!r} frame is not one a worker takes")
 
-    def _start_request(self, message: dict[str, Any]) -> None:
-        req_id = _str(message, "id")
+    def _start_request(self, synth: f.Synth) -> None:
+        req_id = _nonempty(synth.id, "id")
         if req_id in self.streams:
             raise ValueError(f"request id {req_id!r} is already in use")
         options: dict[str, Any] = {
-            "sample_rate": _int(message, "rate"),
-            "speed": float(message.get("speed", 1.0)),
-            "instruct": message.get("instruct"),
+            "output_rate": synth.rate,
+            "speed": synth.speed,
+            "instruct": synth.instruct,
             "req_id": f"{id(self):x}-{req_id}",
         }
-        text = _str(message, "text", empty=True)
-        prompt_wav = message.get("prompt_wav")
-        if prompt_wav is not None:
-            if not isinstance(prompt_wav, bytes):
-                raise ValueError("prompt_wav must be bytes")
+        if synth.prompt_wav is not None:
             stream = self.engine.synthesize_zero_shot(
-                text, prompt_wav=prompt_wav, prompt_text=_str(message, "prompt_text", empty=True), **options
+                synth.text, prompt_wav=synth.prompt_wav, prompt_text=synth.prompt_text, **options
             )
         else:
-            voice = message.get("voice")
-            if voice is not None and not isinstance(voice, str):
-                raise ValueError("voice must be a string")
-            stream = self.engine.synthesize(
-                text, voice=voice, playback_ahead=message.get("ahead", 0.0), **options
-            )
+            stream = self.engine.synthesize(synth.text, voice=synth.voice, playback_ahead=synth.ahead, **options)
         stream.defer_credit()
         self.streams[req_id] = stream
-        self._spawn(self._forward(req_id, stream))
+        self.spawn(self._forward(req_id, stream))
 
     async def _forward(self, req_id: str, stream: SynthesisStream) -> None:
         try:
             async for chunk in stream:
-                await self.send(
-                    {"t": p.CHUNK, "id": req_id, "pcm": chunk.astype("<i2", copy=False).tobytes()}
-                )
+                await self.send(f.Chunk(id=req_id, pcm=chunk.astype("<i2", copy=False).tobytes()))
         except Exception as exc:  # noqa: BLE001 - the request's own failure goes to its client
-            await self.send(p.error_message(exc, id=req_id, in_flight=self.server.in_flight()))
+            await self.send(p.error_frame(exc, id=req_id, in_flight=self.server.in_flight()))
         else:
             if not stream.is_aborted:
                 report = self.server.report(leaving=1)
-                end = {"t": p.END, "id": req_id, "in_flight": report["in_flight"], "report": report}
-                await self.send(end)
+                await self.send(f.End(id=req_id, in_flight=report.in_flight, report=report))
         finally:
             if self.streams.get(req_id) is stream:
                 del self.streams[req_id]
 
-    async def _answer_call(self, message: dict[str, Any], call: int) -> None:
+    async def _answer_call(self, message: f.VoiceAdd | f.VoiceRemove | f.Health) -> None:
+        reply: f.Frame
         try:
-            kind = message["t"]
-            if kind == p.VOICE_ADD:
+            if isinstance(message, f.VoiceAdd):
                 await self._add_voice(message)
-            elif kind == p.VOICE_REMOVE:
-                await self.engine.remove_voice(_str(message, "name"))
-            reply = {"t": p.RESULT, "call": call, "voices": self.engine.voices,
-                     "default_voice": self.engine.default_voice, "report": self.server.report()}  # fmt: skip
+            elif isinstance(message, f.VoiceRemove):
+                await self.engine.remove_voice(_nonempty(message.name, "name"))
+            reply = f.Result(call=message.call, voices=self.engine.voices, default_voice=self.engine.default_voice,
+                             report=self.server.report())  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - answered as an error frame
-            reply = p.error_message(exc, call=call)
+            reply = p.error_frame(exc, call=message.call)
         else:
-            if kind in (p.VOICE_ADD, p.VOICE_REMOVE):
-                change = "add" if kind == p.VOICE_ADD else "remove"
-                self.server.voices_changed(change, _str(message, "name"), origin=self)
+            if isinstance(message, f.VoiceAdd | f.VoiceRemove):
+                change = "add" if isinstance(message, f.VoiceAdd) else "remove"
+                self.server.voices_changed(change, message.name, origin=self)
         await self.send(reply)
 
-    async def _add_voice(self, message: dict[str, Any]) -> None:
-        name = _str(message, "name")
-        wav = message.get("prompt_wav")
+    async def _add_voice(self, message: f.VoiceAdd) -> None:
+        name = _nonempty(message.name, "name")
         path = None
-        if wav is not None:
-            if not isinstance(wav, bytes):
-                raise ValueError("prompt_wav must be bytes")
+        if message.prompt_wav is not None:
             path = self.server.voice_path(name)
-            await asyncio.to_thread(path.write_bytes, wav)
-        instruct = message.get("instruct")
-        preset = VoicePreset(
-            name=name,
-            prompt_wav=path,
-            prompt_text=_str(message, "prompt_text", empty=True),
-            instruct=instruct if isinstance(instruct, str) else None,
-            description=str(message.get("description", "")),
-        )
+            await asyncio.to_thread(path.write_bytes, message.prompt_wav)
+        preset = VoicePreset(name=name, prompt_wav=path, prompt_text=message.prompt_text,
+                             instruct=message.instruct, description=message.description)  # fmt: skip
         await self.engine.add_voice(preset)
 
-    def _spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
 
-def _str(message: dict[str, Any], key: str, *, empty: bool = False) -> str:
-    value = message.get(key)
-    if not isinstance(value, str) or (not empty and not value):
-        raise ValueError(f"field {key!r} must be a {'' if empty else 'non-empty '}string")
+def _nonempty(value: str, name: str) -> str:
+    if not value:
+        raise ValueError(f"field {name!r} must be a non-empty string")
     return value
 
 
-def _int(message: dict[str, Any], key: str) -> int:
-    value = message.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"field {key!r} must be a non-negative integer")
+def _count(value: int, name: str) -> int:
+    if value < 0:
+        raise ValueError(f"field {name!r} must be a non-negative integer")
     return value
-
-
-def parse_address(address: str) -> tuple[str, Any]:
-    """``unix:PATH`` -> ("unix", PATH); ``tcp://HOST:PORT`` -> ("tcp", (HOST, PORT))."""
-    if address.startswith("unix:"):
-        path = address[len("unix:") :]
-        if not path:
-            raise ValueError("unix: address needs a path")
-        return "unix", path
-    if address.startswith("tcp://"):
-        host, sep, port = address[len("tcp://") :].rpartition(":")
-        if not sep or not port.isdigit():
-            raise ValueError(f"tcp address must be tcp://HOST:PORT, got {address!r}")
-        return "tcp", (host.strip("[]") or "127.0.0.1", int(port))
-    raise ValueError(f"address must be unix:PATH or tcp://HOST:PORT, got {address!r}")
 
 
 def _is_number(value: object) -> bool:

@@ -1,0 +1,408 @@
+"""The engine worker protocol's frames, one typed struct each (docs/engine-workers.md lists them).
+
+A frame is a msgpack map with its type under ``"t"`` and its fields as keys. Each frame type is a
+frozen dataclass registered under its ``"t"`` with ``@frame``; ``encode(frame)`` packs it, and
+``decode(message)`` turns a received map back into its struct, checking every field against the
+struct's annotations (``FrameError`` names the first bad or missing field; an unknown ``"t"`` is an
+``UnknownFrame``). Keys a struct does not know are ignored, so a newer peer may add fields.
+
+Why dataclasses over msgpack and not msgspec (which vLLM uses for this): the worker must start on a
+minimal GPU image that has msgpack and no msgspec (docs/gpu-reports/README.md), and the checks here
+are all this protocol needs. Field types are kept to what msgpack carries: str, int, float, bool,
+bytes, None, ``list[str]``, ``dict[str, float]`` and the nested structs ``EngineInfo`` and ``Report``
+(both flattened into ``hello``, which keeps the wire format of version 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+import msgpack
+
+from tts_engine.interface import EngineInfo
+
+F = TypeVar("F", bound="Frame")
+Checker = Callable[[Any], Any]
+FLAT = {"flatten": True}  # field metadata: the struct's fields sit in the frame's own map
+
+
+class FrameError(ValueError):
+    """A frame of a known type with a field missing or of the wrong type."""
+
+
+class UnknownFrame(FrameError):
+    """A frame whose ``"t"`` names no frame type."""
+
+
+class Frame:
+    """Base of every frame struct; ``T`` is its type on the wire."""
+
+    T: ClassVar[str] = ""
+    _codec: ClassVar[_Codec]
+
+
+_FRAMES: dict[str, type[Frame]] = {}
+
+
+def frame(type_name: str) -> Callable[[type[F]], type[F]]:
+    """Register a frame struct (a frozen dataclass) under ``type_name``."""
+
+    def register(cls: type[F]) -> type[F]:
+        cls.T = type_name
+        cls._codec = _Codec(cls)
+        _FRAMES[type_name] = cls
+        return cls
+
+    return register
+
+
+def encode(item: Frame) -> bytes:
+    return msgpack.packb({"t": item.T, **item._codec.to_wire(item)}, use_bin_type=True)
+
+
+def decode(message: dict[str, Any]) -> Frame:
+    """The struct of a received map (``FrameReader`` made sure it is a map with a string ``"t"``)."""
+    cls = _FRAMES.get(message["t"])
+    if cls is None:
+        raise UnknownFrame(f"unknown message type {message['t']!r}")
+    return cls._codec.from_wire(message)
+
+
+# -- the codec -----------------------------------------------------------------------------------
+
+
+class _Codec:
+    """Encodes and checks one struct's fields; built once per struct from its annotations."""
+
+    def __init__(self, cls: type) -> None:
+        hints = typing.get_type_hints(cls)
+        self.cls = cls
+        self.fields: list[tuple[str, Checker, bool, _Codec | None]] = []  # name, check, required, flattened
+        for item in dataclasses.fields(cls):
+            required = item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING
+            flat = _Codec(hints[item.name]) if item.metadata.get("flatten") else None
+            self.fields.append((item.name, _checker(item.name, hints[item.name]), required, flat))
+
+    def to_wire(self, item: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, _, _, flat in self.fields:
+            value = getattr(item, name)
+            if flat is not None:
+                out.update(flat.to_wire(value))
+            elif dataclasses.is_dataclass(value):
+                out[name] = _codec_of(type(value)).to_wire(value)
+            else:
+                out[name] = value
+        return out
+
+    def from_wire(self, message: dict[str, Any]) -> Any:
+        values: dict[str, Any] = {}
+        for name, check, required, flat in self.fields:
+            if flat is not None:
+                values[name] = flat.from_wire(message)
+            elif name in message:
+                values[name] = check(message[name])
+            elif required:
+                raise FrameError(f"field {name!r} is missing")
+        return self.cls(**values)
+
+
+_STRUCT_CODECS: dict[type, _Codec] = {}
+
+
+def _codec_of(cls: type) -> _Codec:
+    codec = _STRUCT_CODECS.get(cls)
+    if codec is None:
+        codec = _STRUCT_CODECS[cls] = _Codec(cls)
+    return codec
+
+
+def _checker(name: str, hint: Any) -> Checker:
+    """A function that returns a field's value if it fits ``hint``, else raises ``FrameError``."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in args if a is not type(None)]
+        inner = _checker(name, options[0]) if len(options) == 1 else _fail(name, hint)
+        return lambda value: None if value is None else inner(value)
+    if origin is list:
+        item = _checker(name, args[0])
+        return lambda value: [item(v) for v in _expect(name, value, list, "a list")]
+    if origin is dict:
+        item = _checker(name, args[1])
+        return lambda value: {
+            _expect(name, k, str, "a map with string keys"): item(v)
+            for k, v in _expect(name, value, dict, "a map").items()
+        }
+    if dataclasses.is_dataclass(hint):
+        codec = _codec_of(hint)  # type: ignore[arg-type]
+        return lambda value: codec.from_wire(_expect(name, value, dict, "a map"))
+    if hint is float:  # an int is a float too (byte counts stay ints)
+        return lambda value: _expect(name, value, int | float, "a number", no_bool=True)
+    if hint is int:
+        return lambda value: _expect(name, value, int, "an integer", no_bool=True)
+    if hint is str:
+        return lambda value: _expect(name, value, str, "a string")
+    if hint is bytes:
+        return lambda value: _expect(name, value, bytes, "bytes")
+    if hint is bool:
+        return lambda value: _expect(name, value, bool, "true or false")
+    return _fail(name, hint)
+
+
+def _expect(name: str, value: Any, kind: Any, what: str, *, no_bool: bool = False) -> Any:
+    if not isinstance(value, kind) or (no_bool and isinstance(value, bool)):
+        raise FrameError(f"field {name!r} must be {what}, got {type(value).__name__}")
+    return value
+
+
+def _fail(name: str, hint: Any) -> Checker:
+    raise TypeError(f"frame field {name!r}: no check for {hint!r}")
+
+
+# -- the structs ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Report:
+    """A worker's load, steps and memory: sent with hello, every end and result, and on its own."""
+
+    state: str = "running"
+    capacity: int = 1
+    in_flight: int = 0
+    free: int = 0
+    queue_depth: int = 0
+    connections: int = 0
+    pid: int = 0
+    device: str = ""
+    steps_total: int = 0
+    step_running_s: float = 0.0  # how long the engine's current step has run (0 between steps)
+    memory: dict[str, float] = field(default_factory=dict)  # the engine's memory plan and use
+    connections_total: int = 0
+    protocol_errors: int = 0
+    outbox_full_waits: int = 0
+    auth_failures: int = 0
+
+
+# client -> worker
+
+
+@frame("auth")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Auth(Frame):
+    """The first frame to a worker with a token."""
+
+    token: str
+
+
+@frame("synth")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Synth(Frame):
+    """A request: ``voice``, or a zero-shot prompt (``prompt_wav`` WAV bytes + ``prompt_text``)."""
+
+    id: str
+    text: str
+    rate: int  # the output rate
+    voice: str | None = None
+    speed: float = 1.0
+    instruct: str | None = None
+    ahead: float = 0.0  # the listener's playback credit in seconds, as of now
+    prompt_wav: bytes | None = None
+    prompt_text: str = ""
+
+
+@frame("credit")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Credit(Frame):
+    """``n`` chunks (``samples`` in all) of request ``id`` were consumed by the reader."""
+
+    id: str
+    n: int
+    samples: int
+
+
+@frame("ahead")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ahead(Frame):
+    """The listener's playback credit in seconds, as of now."""
+
+    id: str
+    s: float
+
+
+@frame("abort")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Abort(Frame):
+    """The worker forgets the request; no ``end`` follows."""
+
+    id: str
+
+
+@frame("voice_add")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VoiceAdd(Frame):
+    """A call: prepare a voice from its recording (WAV bytes, or nil for a backend's own) and offer it."""
+
+    call: int
+    name: str
+    prompt_wav: bytes | None = None
+    prompt_text: str = ""
+    instruct: str | None = None
+    description: str = ""
+
+
+@frame("voice_remove")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VoiceRemove(Frame):
+    """A call: stop offering a voice added at run time."""
+
+    call: int
+    name: str
+
+
+@frame("health")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Health(Frame):
+    """A call answered with a ``result`` carrying the report (the gateway's ping)."""
+
+    call: int
+
+
+# worker -> client
+
+
+@frame("hello")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hello(Frame):
+    """Sent first (after a token's check): what the engine is, its voices and its load."""
+
+    version: int
+    info: EngineInfo = field(metadata=FLAT)
+    voices: list[str]
+    default_voice: str
+    report: Report = field(metadata=FLAT)
+
+
+@frame("chunk")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Chunk(Frame):
+    """int16 little-endian mono PCM at the request's output rate."""
+
+    id: str
+    pcm: bytes
+
+
+@frame("end")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class End(Frame):
+    """The request's last chunk went out; ``in_flight``: the worker's count after it."""
+
+    id: str
+    in_flight: int  # the worker's count after this request
+    report: Report | None = None
+
+
+@frame("error")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Error(Frame):
+    """A typed error (``kind``) for a request (``id``), a call (``call``) or the connection."""
+
+    kind: str
+    message: str
+    id: str | None = None
+    call: int | None = None
+    voice: str | None = None  # unknown_voice
+    available: list[str] | None = None  # unknown_voice
+    cause: str | None = None  # synthesis_failed: bad_argument, voice_error or synthesis_failed
+    in_flight: int | None = None
+
+
+@frame("result")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Result(Frame):
+    """A call's answer: the voice set now, and the worker's report."""
+
+    call: int
+    voices: list[str]
+    default_voice: str
+    report: Report | None = None
+
+
+@frame("voices")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VoicesChanged(Frame):
+    """Another connection (a second gateway) added or removed a voice."""
+
+    change: str  # add | remove
+    name: str
+    voices: list[str]
+    default_voice: str
+
+
+@frame("report")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadReport(Frame):
+    """The load changed without an ``end`` (an abort, a connection gone)."""
+
+    report: Report
+
+
+CLIENT_FRAMES = (Auth, Synth, Credit, Ahead, Abort, VoiceAdd, VoiceRemove, Health)
+WORKER_FRAMES = (Hello, Chunk, End, Error, Result, VoicesChanged, LoadReport)
+
+
+# -- documentation -------------------------------------------------------------------------------
+
+
+def markdown_tables() -> str:
+    """The frame tables of docs/engine-workers.md, written from the structs (a test keeps them equal)."""
+    out = []
+    for title, group in (("Client → worker", CLIENT_FRAMES), ("Worker → client", WORKER_FRAMES)):
+        out += [title, "", "| `t` | fields | what |", "| --- | --- | --- |"]
+        for cls in group:
+            doc = " ".join((cls.__doc__ or "").split()).replace("``", "`")
+            out.append(f"| `{cls.T}` | {_field_list(cls)} | {doc} |")
+        out.append("")
+    report = ", ".join(_field_text(item, hint) for item, hint in _fields_of(Report))
+    info = ", ".join(_field_text(item, hint) for item, hint in _fields_of(EngineInfo))
+    out += [f"`Report`: {report}.", "", f"`EngineInfo`: {info}."]
+    return "\n".join(out)
+
+
+def _fields_of(cls: type) -> list[tuple[dataclasses.Field[Any], Any]]:
+    hints = typing.get_type_hints(cls)
+    return [(item, hints[item.name]) for item in dataclasses.fields(cls)]
+
+
+def _field_list(cls: type) -> str:
+    parts = []
+    for item, hint in _fields_of(cls):
+        if item.metadata.get("flatten"):
+            parts.append(f"the fields of `{hint.__name__}`")
+        else:
+            parts.append(_field_text(item, hint))
+    return ", ".join(parts)
+
+
+def _field_text(item: dataclasses.Field[Any], hint: Any) -> str:
+    required = item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING
+    return f"`{item.name}` {_type_name(hint)}" + ("" if required else " (optional)")
+
+
+def _type_name(hint: Any) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join("nil" if a is type(None) else _type_name(a) for a in args)
+    if origin is list:
+        return f"list of {_type_name(args[0])}"
+    if origin is dict:
+        return f"map of {_type_name(args[0])} to {_type_name(args[1])}"
+    return f"`{hint.__name__}`" if dataclasses.is_dataclass(hint) else hint.__name__
+
+
+if __name__ == "__main__":
+    print(markdown_tables())
