@@ -401,7 +401,8 @@ def _type_name(hint: Any) -> str:
         return f"list of {_type_name(args[0])}"
     if origin is dict:
         return f"map of {_type_name(args[0])} to {_type_name(args[1])}"
-    return f"`{hint.__name__}`" if dataclasses.is_dataclass(hint) else hint.__name__
+    name = str(getattr(hint, "__name__", hint))
+    return f"`{name}`" if dataclasses.is_dataclass(hint) else name
 
 
 if __name__ == "__main__":
