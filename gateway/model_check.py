@@ -295,7 +295,7 @@ def _asr_fix(cfg: ASRConfig) -> str:
 
 
 def _asr_load_check(config: Config, ctx: _Context) -> CheckResult:
-    from gateway.asr.base import ASRLoadError, ASRModelMissing, funasr_installed
+    from gateway.asr import ASRLoadError, ASRModelMissing, funasr_installed
 
     cfg = config.asr
     if cfg.backend == "none":

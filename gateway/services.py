@@ -21,7 +21,7 @@ from gateway.model_check import (
     tts_file_checks,
 )
 from gateway.phrases import Phrases
-from gateway.session_registry import SessionRegistry
+from gateway.session_registry import LiveSession, SessionRegistry
 from gateway.tools.base import ToolSource
 from gateway.tts_choice import TTSChoice, choose_tts_backend, create_tts_backend, set_cpu_threads
 from gateway.turn import TurnConfig, turn_config
@@ -83,7 +83,7 @@ class Services:
     voices: VoiceStore | None = None  # the voice presets (registered with engines that clone voices)
     checks: list[CheckResult] = field(default_factory=list)  # start-up model checks (gateway/model_check.py)
     # the live device sessions, read-only here: the device socket (gateway/device_socket.py) writes it
-    sessions: SessionRegistry = field(default_factory=SessionRegistry)
+    sessions: SessionRegistry[LiveSession] = field(default_factory=SessionRegistry)
     memory: ConversationMemory | None = None  # per-device conversation memory (session.memory: local)
     # process-wide tool sources (server-side MCP servers, gateway/tools/mcp_servers.py), offered in
     # every query turn after the device's tools; read at each turn, so sources added later count

@@ -152,6 +152,10 @@ class Session(ListenHandling):
             self._tg = None
             self._observe_echo()
 
+    def forget_history(self) -> None:
+        """Drop the conversation so far (its memory store is the caller's)."""
+        self.conversation.clear()
+
     async def close(self, code: int = 1000) -> None:
         """Ends the session from outside (timeout, replaced by a new connection)."""
         self._closing = True

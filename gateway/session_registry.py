@@ -8,13 +8,29 @@ the memory API, shutdown) reads it as a mapping from the session key (the Device
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from gateway.session import Session
+from typing import Any, Generic, Protocol, TypeVar
 
 
-class SessionRegistry(Mapping[str, "Session"]):
+class LiveSession(Protocol):
+    """What the registry and its readers need of a session (gateway/session.py's ``Session``), so that
+    the registry, which ``Services`` holds, does not import the session, which imports ``Services``."""
+
+    @property
+    def info(self) -> Any: ...  # its handshake (``info.authenticated``)
+
+    @property
+    def mode(self) -> Any: ...  # its listen mode (/v1/status)
+
+    def forget_history(self) -> None:
+        """Drop the conversation so far (DELETE /v1/devices/{id}/memory)."""
+
+    async def close(self, code: int = 1000) -> None: ...
+
+
+Session = TypeVar("Session", bound=LiveSession)
+
+
+class SessionRegistry(Mapping[str, Session], Generic[Session]):
     def __init__(self) -> None:
         self._sessions: dict[str, Session] = {}
         self._anonymous = 0

@@ -145,19 +145,3 @@ class ApiRoute(APIRoute):
                 return ApiError(400, message, code="invalid_request", param=param).response()
 
         return handle
-
-
-class UploadRoute(ApiRoute):
-    """A route that takes a prompt recording; ``gateway.http_guard`` gives its path the larger body cap
-    (``api.max_prompt_bytes`` on top of the text cap). Its multipart text fields must be valid UTF-8
-    (``gateway.api.forms``: 400 ``invalid_text``, not mojibake)."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        from gateway.api.forms import StrictFormRequest  # imports this module
-
-        handler = super().get_route_handler()
-
-        async def handle(request: Request) -> Response:
-            return await handler(StrictFormRequest(request.scope, request.receive, request._send))
-
-        return handle

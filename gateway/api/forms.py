@@ -9,14 +9,17 @@ decoded; everything else (limits, files, the rest of the parse) is Starlette's.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Coroutine
 from contextlib import aclosing
+from typing import Any
 
 from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request, parse_options_header
+from starlette.responses import Response
 
-from gateway.api.errors import ApiError
+from gateway.api.errors import ApiError, ApiRoute
 
 
 class StrictMultiPartParser(MultiPartParser):
@@ -65,3 +68,17 @@ class StrictFormRequest(Request):
         return await super()._get_form(
             max_files=max_files, max_fields=max_fields, max_part_size=max_part_size
         )
+
+
+class UploadRoute(ApiRoute):
+    """A route that takes a prompt recording; ``gateway.http_guard`` gives its path the larger body cap
+    (``api.max_prompt_bytes`` on top of the text cap). Its multipart text fields must be valid UTF-8
+    (``gateway.api.forms``: 400 ``invalid_text``, not mojibake)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def handle(request: Request) -> Response:
+            return await handler(StrictFormRequest(request.scope, request.receive, request._send))
+
+        return handle

@@ -32,7 +32,7 @@ async def delete_device_memory(
         raise ApiError(404, "conversation memory is off (session.memory: none)", code="memory_off")
     session = services.sessions.get(device_id)
     if session is not None:
-        session.conversation.clear()
+        session.forget_history()
     try:
         forgotten = await services.memory.delete(device_id)
     except sqlite3.Error as exc:

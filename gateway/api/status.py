@@ -44,7 +44,7 @@ def status_report(services: Services, window_s: float = 300.0) -> dict[str, Any]
         "sessions": {
             "active": len(services.sessions),
             "devices": [
-                {"id": key, "mode": str(getattr(getattr(s, "mode", None), "value", "")) or None}
+                {"id": key, "mode": str(getattr(s.mode, "value", "")) or None}
                 for key, s in list(services.sessions.items())
             ],
         },

@@ -32,7 +32,8 @@ from audio_codecs.errors import AudioCodecError
 from audio_codecs.formats import StreamingEncoder, decode_audio
 from audio_codecs.wav import float_to_int16, wav_bytes
 from gateway.api.auth import require_api_key
-from gateway.api.errors import ApiError, UploadRoute, api_error
+from gateway.api.errors import ApiError, api_error
+from gateway.api.forms import UploadRoute
 from gateway.api.synthesis import (
     ClientGone,
     EngineStreamingResponse,

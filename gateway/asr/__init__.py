@@ -9,8 +9,8 @@ from gateway.asr.base import (
     ASRModelMissing,
     ASRNotConfigured,
     NotConfiguredASR,
-    create_asr,
 )
+from gateway.asr.factory import create_asr, funasr_installed
 
 __all__ = [
     "ASR",
@@ -22,4 +22,5 @@ __all__ = [
     "ASRNotConfigured",
     "NotConfiguredASR",
     "create_asr",
+    "funasr_installed",
 ]
