@@ -15,7 +15,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
-    from gateway.log_redaction import install_log_redaction
+    from gateway.security.log_redaction import install_log_redaction
     from gateway.ws_protocol import WebSocketProtocol
 
     overrides: dict = {"server": {}}

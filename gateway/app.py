@@ -1,5 +1,5 @@
 """Assembles the FastAPI app: device socket, OTA, the TTS API (gateway/api), health, metrics, and the
-HTTP guard in front of them (API keys and body caps, gateway/http_guard.py)."""
+HTTP guard in front of them (API keys and body caps, gateway/security/http_guard.py)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gateway import device_socket, ota
 from gateway.api import include_api
 from gateway.config import Config
 from gateway.console import include_console
-from gateway.device_tokens import DeviceAuth
-from gateway.http_guard import HttpGuard
-from gateway.log_redaction import install_log_redaction
+from gateway.device import ota
+from gateway.device import socket as device_socket
+from gateway.security.device_tokens import DeviceAuth
+from gateway.security.http_guard import HttpGuard
+from gateway.security.log_redaction import install_log_redaction
 from gateway.services import Services
 
 log = logging.getLogger(__name__)

@@ -348,7 +348,7 @@ class ApiConfig(_Section):
     max_prompt_bytes: int = Field(10 * 1024 * 1024, ge=1024, le=16 * 1024 * 1024)
     api_keys: list[str] = Field(default_factory=list)
     # With api_keys set, /metrics and the OpenAPI docs (/docs, /redoc, /openapi.json) need a key too,
-    # unless made public on purpose here (gateway/http_guard.py).
+    # unless made public on purpose here (gateway/security/http_guard.py).
     public_metrics: bool = False
     public_docs: bool = False
     # OTA request bodies (the device's JSON report; a few KiB): cap in bytes, 413 beyond it.

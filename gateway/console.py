@@ -1,7 +1,7 @@
 """The web console: one page at ``/console`` to talk to the gateway as a device, try voices and watch it.
 
 Plain HTML/CSS/JS in ``gateway/console_static/`` (no build step), served by the gateway itself. The
-page and its assets are public (gateway/http_guard.py); what they call (``/v1/voices``,
+page and its assets are public (gateway/security/http_guard.py); what they call (``/v1/voices``,
 ``/v1/audio/speech``, ``/v1/status``) carries the API key the user types, and the device socket the
 token OTA hands out (or an operator token typed by the user).
 """

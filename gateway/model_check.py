@@ -187,7 +187,7 @@ def _tts_backend_checks(config: Config, ctx: _Context) -> list[CheckResult]:
 
 
 async def _voice_checks(config: Config, ctx: _Context) -> list[CheckResult]:
-    from gateway.voice_store import VoiceStore
+    from gateway.voices.store import VoiceStore
 
     engine = ctx.engine
     voices_dir = Path(config.tts.voices_dir)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.asr import ASR, create_asr
 from gateway.config import Config, LLMConfig
+from gateway.device.registry import LiveSession, SessionRegistry
 from gateway.llm.base import ChatLLM
 from gateway.llm.echo import EchoLLM
 from gateway.llm.memory import ConversationMemory
@@ -20,12 +21,11 @@ from gateway.model_check import (
     log_checks,
     tts_file_checks,
 )
-from gateway.phrases import Phrases
-from gateway.session_registry import LiveSession, SessionRegistry
+from gateway.speech.phrases import Phrases
+from gateway.speech.turn import TurnConfig, turn_config
 from gateway.tools.base import ToolSource
 from gateway.tts_choice import TTSChoice, choose_tts_backend, create_tts_backend, set_cpu_threads
-from gateway.turn import TurnConfig, turn_config
-from gateway.voice_store import VoiceStore
+from gateway.voices.store import VoiceStore
 from tts_engine import SpeechEngine, TTSEngine
 from tts_engine.build import engine_for_backend
 
@@ -82,14 +82,14 @@ class Services:
     tts_warning: str | None = None
     voices: VoiceStore | None = None  # the voice presets (registered with engines that clone voices)
     checks: list[CheckResult] = field(default_factory=list)  # start-up model checks (gateway/model_check.py)
-    # the live device sessions, read-only here: the device socket (gateway/device_socket.py) writes it
+    # the live device sessions, read-only here: the device socket (gateway/device/socket.py) writes it
     sessions: SessionRegistry[LiveSession] = field(default_factory=SessionRegistry)
     memory: ConversationMemory | None = None  # per-device conversation memory (session.memory: local)
     # process-wide tool sources (server-side MCP servers, gateway/tools/mcp_servers.py), offered in
     # every query turn after the device's tools; read at each turn, so sources added later count
     tool_sources: list[ToolSource] = field(default_factory=list)
     mcp_servers: MCPServerPool | None = None  # tools.mcp_servers, started in start(), shared by all sessions
-    # the apology, tool filler and not-configured notice as audio, made at start-up (gateway/phrases.py)
+    # the apology, tool filler and not-configured notice as audio, made at start-up (gateway/speech/phrases.py)
     phrases: Phrases | None = None
     # what every device turn reads of the config (the downlink's output rate, the voice, Opus, pacing)
     turns: TurnConfig = field(default_factory=TurnConfig)
@@ -106,7 +106,7 @@ class Services:
         warning = None
         checks: list[CheckResult] = []
         if engine is None and config.engine.remote:  # workers started elsewhere pick their own backend
-            from gateway.engine_client_build import build_engine_client
+            from gateway.engine_client.build import build_engine_client
 
             engine = build_engine_client(config, config.tts.backend)
         if engine is None:
@@ -115,7 +115,7 @@ class Services:
             if warning:
                 log.warning("!!! %s", warning)
             if config.engine.workers != 0:  # the engine in worker processes started here
-                from gateway.engine_client_build import build_engine_client
+                from gateway.engine_client.build import build_engine_client
 
                 engine = build_engine_client(config, choice.backend)
             else:

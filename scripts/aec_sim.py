@@ -17,7 +17,7 @@ import numpy as np
 from audio_codecs.opus import OpusDecoder, OpusEncoder
 from gateway.aec import EchoCanceller, EchoReference
 from gateway.config import VADConfig
-from gateway.listener import Listener, UtteranceStarted
+from gateway.device.listener import Listener, UtteranceStarted
 from scripts.echo_path import EchoPath
 
 RATE = 16000

@@ -13,7 +13,7 @@ import yaml
 
 from audio_codecs.formats import encode_audio
 from audio_codecs.wav import float_to_int16, read_wav
-from gateway.voice_store import VoiceStore
+from gateway.voices.store import VoiceStore
 from scripts.device_sim import DeviceSimulator
 from tests.api_helpers import CloningFakeBackend, dominant_hz, fake, prompt_wav, voice_hz, wait_until
 from tests.gateway_server import running_gateway

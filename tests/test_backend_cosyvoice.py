@@ -15,7 +15,7 @@ from cosyvoice.graph_decode import GraphDecodeRunner
 from cosyvoice.llm import LengthRule
 from cosyvoice.model import CosyVoice3
 from gateway.llm.echo import EchoLLM
-from gateway.voice_store import VoiceStore
+from gateway.voices.store import VoiceStore
 from gateway.xiaozhi import AudioOut, TtsStop
 from scripts.device_sim import DeviceSimulator
 from scripts.make_tiny_model import make_model_dir

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import websockets
 
+from gateway.device.mcp_client import McpError
 from gateway.llm.base import LLMError
-from gateway.mcp_client import McpError
 from gateway.xiaozhi import (
     AudioIn,
     AudioOut,

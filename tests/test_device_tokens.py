@@ -8,7 +8,7 @@ import stat
 import pytest
 
 from gateway.config import AuthConfig, ConfigError
-from gateway.device_tokens import Admission, DeviceAuth, DeviceTokenSigner, load_secret
+from gateway.security.device_tokens import Admission, DeviceAuth, DeviceTokenSigner, load_secret
 from gateway.xiaozhi import HandshakeInfo
 
 MAC = "d8:3b:da:4e:12:34"

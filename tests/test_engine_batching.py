@@ -9,7 +9,7 @@ import pytest
 
 from cosyvoice.llm import LengthRule
 from cosyvoice.model import CosyVoice3
-from gateway.voice_store import VoiceStore
+from gateway.voices.store import VoiceStore
 from scripts.make_tiny_model import make_model_dir
 from tests.test_backend_cosyvoice import prompt_wav
 from tts_engine import EngineOverloaded, SynthesisFailed, TTSEngine

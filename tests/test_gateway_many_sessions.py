@@ -58,7 +58,7 @@ def make_backend(model: CosyVoice3, voices_dir: Path) -> CosyVoiceBackend:
 
 async def solo_samples(model: CosyVoice3, voices_dir: Path) -> dict[str, int]:
     """Samples of each sentence alone through an engine (same seed: the same speech tokens)."""
-    from gateway.voice_store import VoiceStore
+    from gateway.voices.store import VoiceStore
 
     backend = make_backend(model, voices_dir)
     for preset in VoiceStore(voices_dir).load():

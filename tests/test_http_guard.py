@@ -1,4 +1,4 @@
-"""The HTTP guard (gateway/http_guard.py): API keys before any body is read, bodies capped as they stream.
+"""The HTTP guard (gateway/security/http_guard.py): API keys before any body is read, bodies capped as they stream.
 
 Real clients against a real server on loopback. A big body is a generator that counts what the client
 managed to send: that bounds what the server read (plus what the sockets' kernel buffers hold, a few
@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.http_guard import text_body_cap
+from gateway.security.http_guard import text_body_cap
 from tests.api_helpers import fake
 from tests.gateway_server import running_gateway
 

@@ -7,7 +7,7 @@ import pytest
 
 from audio_codecs.opus import OpusEncoder
 from gateway.config import VADConfig
-from gateway.listener import Listener, UtteranceEnded, UtteranceStarted
+from gateway.device.listener import Listener, UtteranceEnded, UtteranceStarted
 from scripts.speech import RATE, utterance
 
 

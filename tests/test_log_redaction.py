@@ -14,7 +14,7 @@ import httpx
 import pytest
 import websockets
 
-from gateway.log_redaction import REDACTED, RedactingFilter, loggable, redact_query
+from gateway.security.log_redaction import REDACTED, RedactingFilter, loggable, redact_query
 
 ROOT = Path(__file__).resolve().parent.parent
 

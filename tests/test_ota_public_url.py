@@ -6,7 +6,7 @@ import pytest
 from starlette.requests import Request
 
 from gateway.config import load_config
-from gateway.ota import websocket_url
+from gateway.device.ota import websocket_url
 
 
 def request(headers: dict[str, str], scheme: str = "http") -> Request:

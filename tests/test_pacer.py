@@ -1,6 +1,6 @@
 import pytest
 
-from gateway.pacer import Pacer
+from gateway.speech.pacer import Pacer
 
 
 class FakeClock:

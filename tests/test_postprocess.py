@@ -56,7 +56,7 @@ def test_int16_on_device_matches_the_host_conversion() -> None:
 
 def make_request(req_id: str, rate: int) -> EngineRequest:
     request = EngineRequest(
-        req_id=req_id, text="x", voice="v", speed=1.0, sample_rate=rate,
+        req_id=req_id, text="x", voice="v", speed=1.0, output_rate=rate,
         stream=None, credit=ChunkCredit(),  # type: ignore[arg-type]
     )  # fmt: skip
     request.resampler = StreamingResampler(24000, rate)

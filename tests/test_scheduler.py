@@ -20,7 +20,7 @@ class Clock:
 
 def make_request(req_id: str, sample_rate: int = 16000) -> EngineRequest:
     return EngineRequest(
-        req_id=req_id, text="hello", voice="v", speed=1.0, sample_rate=sample_rate,
+        req_id=req_id, text="hello", voice="v", speed=1.0, output_rate=sample_rate,
         stream=None, credit=ChunkCredit(),  # type: ignore[arg-type] - the scheduler never touches the stream
     )  # fmt: skip
 

@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from gateway.segmenter import SentenceSegmenter
+from gateway.speech.segmenter import SentenceSegmenter
 
 NO_COMMA = {"first_segment_at_comma": False}
 

@@ -13,10 +13,10 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from gateway.config import Config
+from gateway.device.registry import SessionRegistry
+from gateway.device.session import Session
 from gateway.llm.tool_calls import ToolCall
 from gateway.services import Services
-from gateway.session import Session
-from gateway.session_registry import SessionRegistry
 from gateway.xiaozhi import (
     Abort,
     AudioOut,

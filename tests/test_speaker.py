@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 
 from audio_codecs.opus import OpusEncoder
-from gateway.pacer import Pacer
-from gateway.reply import fixed_sentences
-from gateway.speaker import Speaker
-from gateway.voice_choice import VoiceChoice
+from gateway.speech.pacer import Pacer
+from gateway.speech.reply import fixed_sentences
+from gateway.speech.speaker import Speaker
+from gateway.speech.voice_choice import VoiceChoice
 from gateway.xiaozhi import AudioOut, TtsSentenceStart
 from tts_engine import TTSEngine
 from tts_engine.backends.fake import FakeBackend

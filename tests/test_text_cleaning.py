@@ -2,7 +2,7 @@ import threading
 
 import pytest
 
-from gateway.text_cleaning import clean_for_speech, first_emoji, has_speech, lone_surrogate_at
+from gateway.speech.text_cleaning import clean_for_speech, first_emoji, has_speech, lone_surrogate_at
 
 CLEAN_CASES = [
     # emoji

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from gateway.device.mcp_client import DeviceMcpClient, McpError
 from gateway.llm.tool_calls import ToolCall
-from gateway.mcp_client import DeviceMcpClient, McpError
 from gateway.tools import ToolError, ToolSet, ToolSpec, safe_tool_name
 from gateway.tools.builtins import BuiltinTools, SessionControls
 from gateway.tools.runner import Filler, ToolLoopSettings, ToolsRunning, answer_with_tools

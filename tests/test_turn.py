@@ -7,12 +7,12 @@ import dataclasses
 
 from gateway.config import Config
 from gateway.llm.tool_calls import ToolCall
-from gateway.phrases import Phrases
-from gateway.reply import Emotion, Reply
-from gateway.segmenter import SentenceSegmenter
+from gateway.speech.phrases import Phrases
+from gateway.speech.reply import Emotion, Reply
+from gateway.speech.segmenter import SentenceSegmenter
+from gateway.speech.turn import Turn, TurnRecorder, turn_config
 from gateway.tools.runner import ToolLoopSettings
 from gateway.tools.toolset import ToolSet
-from gateway.turn import Turn, TurnRecorder, turn_config
 from gateway.xiaozhi import AudioOut, LlmEmotion, TtsStop
 from tests.turn_fakes import FAST, RATE, FakeEngine, FakeStream, ScriptedLLM, SlowTool, names, sentences
 from tts_engine.errors import EngineUnavailable

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from audio_codecs.wav import read_wav, wav_bytes
-from gateway.voice_store import VoiceExists, VoiceStore
+from gateway.voices.store import VoiceExists, VoiceStore
 from tts_engine.errors import UnknownVoice
 from tts_engine.voices import VoiceError, VoicePreset, decode_prompt_wav
 

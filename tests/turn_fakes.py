@@ -14,8 +14,8 @@ import numpy as np
 
 from gateway.llm.base import LLMError
 from gateway.llm.tool_calls import ToolCall
+from gateway.speech.turn import TurnConfig
 from gateway.tools.base import ToolSpec
-from gateway.turn import TurnConfig
 from gateway.xiaozhi import AudioOut, LlmEmotion, Stt, TtsSentenceStart, TtsStart, TtsStop
 from tts_engine.errors import EngineUnavailable
 

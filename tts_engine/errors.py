@@ -6,7 +6,7 @@
     ├── UnknownVoice       the voice is not offered by the backend; raised by synthesize()
     ├── EngineClosed       the engine is closed (or closing); open streams raise it
     ├── SynthesisFailed    the backend raised for one request; only that stream raises it
-    └── EngineUnavailable  no engine worker can take a request now (gateway/engine_client.py)
+    └── EngineUnavailable  no engine worker can take a request now (gateway/engine_client/client.py)
         └── WorkerLost     the engine worker serving a request went away (process exit, socket EOF)
 
 Invalid arguments (a sample rate we do not serve, a bad speed) raise ``ValueError``.

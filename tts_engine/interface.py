@@ -1,10 +1,10 @@
 """The engine interface: what device sessions, the HTTP/WS API and tools use, whoever serves it.
 
 Two classes implement ``SpeechEngine``: ``TTSEngine`` (tts_engine/engine.py, the engine as a thread of
-this process) and ``EngineClient`` (gateway/engine_client.py, engines in worker processes). The gateway
+this process) and ``EngineClient`` (gateway/engine_client/client.py, engines in worker processes). The gateway
 depends on this Protocol, never on either class. ``synthesize()`` returns a ``SpeechStream``: a
 ``SynthesisStream`` (tts_engine/request.py) or its remote subclass; a device's stored fixed phrases
-(gateway/phrases.py) have the same surface.
+(gateway/speech/phrases.py) have the same surface.
 
 Rates, one name per meaning: ``SpeechEngine.sample_rate`` is the backend's native rate (what it
 synthesises at); ``synthesize(output_rate=)`` is the rate the caller wants its stream in (the engine

@@ -5,7 +5,7 @@
 an async iterator of int16 chunks that the engine feeds through ``loop.call_soon_threadsafe``.
 ``ChunkCredit`` is the one object both sides touch, and each of its two counters has a single writer.
 
-A stream fed from elsewhere (an engine worker's, gateway/engine_client_link.py) uses the public feed:
+A stream fed from elsewhere (an engine worker's, gateway/engine_client/link.py) uses the public feed:
 ``receive()`` for a chunk made there (counted as produced, refused past the buffer bound) and
 ``finish()`` for its end; the engine thread uses ``finish()`` too.
 """

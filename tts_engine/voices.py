@@ -7,7 +7,7 @@ fingerprint, so an edited preset never reuses stale features). ``decode_prompt_w
 recording (size, format, rate >= 16 kHz, 1..30 s) for presets and one-off zero-shot requests alike.
 
 The preset folder (YAML files), uploads and their persistence are the gateway's: ``VoiceStore`` in
-gateway/voice_store.py. Nothing here does more file I/O than reading a recording.
+gateway/voices/store.py. Nothing here does more file I/O than reading a recording.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ With no keys configured every request passes. Otherwise a request must carry one
 ``Authorization: Bearer <key>`` or, for clients that cannot set headers (the incumbent's
 ``index_stream`` provider posts to a bare URL), as the ``api_key`` query parameter.
 
-Plain HTTP requests are checked by ``gateway.http_guard`` before their body is read (that also covers
+Plain HTTP requests are checked by ``gateway.security.http_guard`` before their body is read (that also covers
 ``/metrics`` and the OpenAPI docs); ``require_api_key`` stays on the API routers as a second line, and
 ``/ws/tts`` checks its handshake with ``websocket_authorized``.
 """

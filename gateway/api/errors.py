@@ -125,7 +125,7 @@ def validation_message(errors: Sequence[Any]) -> tuple[str, str | None]:
 class ApiRoute(APIRoute):
     """Answers ``ApiError`` and request validation errors in the API's JSON error shape.
 
-    Bodies are capped before they get here, while they stream (``gateway.http_guard``: 413).
+    Bodies are capped before they get here, while they stream (``gateway.security.http_guard``: 413).
     """
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:

@@ -71,7 +71,7 @@ class StrictFormRequest(Request):
 
 
 class UploadRoute(ApiRoute):
-    """A route that takes a prompt recording; ``gateway.http_guard`` gives its path the larger body cap
+    """A route that takes a prompt recording; ``gateway.security.http_guard`` gives its path the larger body cap
     (``api.max_prompt_bytes`` on top of the text cap). Its multipart text fields must be valid UTF-8
     (``gateway.api.forms``: 400 ``invalid_text``, not mojibake)."""
 

@@ -25,7 +25,7 @@ from starlette.types import Receive, Scope, Send
 from audio_codecs.formats import StreamingEncoder, UnsupportedFormat, check_format
 from gateway.api.errors import ApiError, api_error
 from gateway.services import Services
-from gateway.text_cleaning import has_speech, lone_surrogate_at
+from gateway.speech.text_cleaning import has_speech, lone_surrogate_at
 from tts_engine import OUTPUT_RATES, SpeechStream
 from tts_engine.errors import EngineError, UnknownVoice
 

@@ -49,7 +49,7 @@ from gateway.api.synthesis import (
     until_disconnect,
 )
 from gateway.services import Services
-from gateway.voice_store import StagedVoice, VoiceExists, VoiceStore
+from gateway.voices.store import StagedVoice, VoiceExists, VoiceStore
 from tts_engine.engine import MAX_SPEED, MIN_SPEED
 from tts_engine.errors import EngineError
 from tts_engine.voices import VoicePreset, check_voice_name

@@ -1,4 +1,4 @@
-"""Which devices have a live session: the device socket's registry (gateway/device_socket.py).
+"""Which devices have a live session: the device socket's registry (gateway/device/socket.py).
 
 Only the socket endpoint admits, replaces and releases sessions; everyone else (health, status,
 the memory API, shutdown) reads it as a mapping from the session key (the Device-Id, or an
@@ -12,7 +12,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 
 class LiveSession(Protocol):
-    """What the registry and its readers need of a session (gateway/session.py's ``Session``), so that
+    """What the registry and its readers need of a session (gateway/device/session.py's ``Session``), so that
     the registry, which ``Services`` holds, does not import the session, which imports ``Services``."""
 
     @property

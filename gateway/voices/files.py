@@ -1,7 +1,7 @@
 """The files of a voice preset: reading one (``voices/<name>.yaml``, its fields checked, its recording
 decoded) and writing a file atomically.
 
-The format is described in gateway/voice_store.py. A preset whose recording is missing may say
+The format is described in gateway/voices/store.py. A preset whose recording is missing may say
 ``fallback: espeak``: its ``prompt_text`` is then spoken by espeak-ng into the cache folder, a robotic
 stand-in recording, so a fresh install talks before the real prompts are downloaded.
 """

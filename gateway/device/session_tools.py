@@ -11,9 +11,9 @@ import logging
 from collections.abc import Callable
 
 from gateway.config import Config
+from gateway.speech.voice_choice import VoiceChoice
 from gateway.tools.base import ToolSource
 from gateway.tools.builtins import BuiltinTools, SessionControls
-from gateway.voice_choice import VoiceChoice
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import yaml
 
-from gateway.voice_files import MAX_TEXT_CHARS, atomic_write, read_preset, read_text, sync_dir
+from gateway.voices.files import MAX_TEXT_CHARS, atomic_write, read_preset, read_text, sync_dir
 from tts_engine.errors import UnknownVoice
 from tts_engine.voices import (
     VoiceError,

@@ -3,7 +3,7 @@
 A refused upgrade gets a plain HTTP answer: 400 (bad handshake), 401 (no valid token) or 409 (the
 Device-Id is connected with a token and this connection has none). A new connection with the
 same Device-Id replaces the old session only once it is admitted, and never with less proof.
-The registry of live sessions (gateway/session_registry.py) is written only here.
+The registry of live sessions (gateway/device/registry.py) is written only here.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from fastapi import APIRouter, WebSocket
 from fastapi.responses import PlainTextResponse
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from gateway.device_tokens import Admission, DeviceAuth
-from gateway.log_redaction import loggable
-from gateway.ota import DEVICE_WS_PATH
+from gateway.device.ota import DEVICE_WS_PATH
+from gateway.device.session import Session
+from gateway.security.device_tokens import Admission, DeviceAuth
+from gateway.security.log_redaction import loggable
 from gateway.services import Services
-from gateway.session import Session
 from gateway.xiaozhi import RemoteProtocolError, parse_handshake
 
 log = logging.getLogger(__name__)

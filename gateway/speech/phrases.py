@@ -5,7 +5,7 @@ a recogniser (``asr.not_configured_reply``) are the same sentences again and aga
 needed exactly when the engine cannot speak (every worker restarting, stalled or gone). ``Phrases``
 synthesises each once when the engine is ready (``Services.start``, bounded in time; again in the
 background when the voice they are spoken in is replaced) and keeps them as int16 PCM at the downlink
-rate. A ``Speaker`` (gateway/speaker.py) plays a stored phrase instead of asking the engine whenever the
+rate. A ``Speaker`` (gateway/speech/speaker.py) plays a stored phrase instead of asking the engine whenever the
 sentence is one of them in the voice it was stored in, and plays the stored apology (in any voice)
 when the engine fails it.
 """

@@ -1,6 +1,6 @@
 """A session's listening (protocol §9 b-d): listen modes, wake-word `detect`, and recognition.
 
-`ListenHandling` is a part of `Session` (gateway/session.py): it turns `listen` messages and the
+`ListenHandling` is a part of `Session` (gateway/device/session.py): it turns `listen` messages and the
 listener's speech events into turns, through the session's `_start_turn`.
 """
 
@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gateway.asr import ASRError, ASRNotConfigured
-from gateway.listener import ListenEvent, UtteranceEnded, UtteranceStarted
+from gateway.device.listener import ListenEvent, UtteranceEnded, UtteranceStarted
 from gateway.xiaozhi import Listen, ListenMode, ListenState
 
 if TYPE_CHECKING:
     from gateway.aec import EchoCanceller
-    from gateway.listener import Listener
+    from gateway.device.idle import IdleClock
+    from gateway.device.listener import Listener
     from gateway.services import Services
-    from gateway.session_idle import IdleClock
-    from gateway.turns import Turns
+    from gateway.speech.turns import Turns
 
 log = logging.getLogger(__name__)
 

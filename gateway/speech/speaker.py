@@ -10,7 +10,7 @@ decays the value at real time; it is sent again only when it changes materially
 (an earlier sentence got a chunk or finished), not per frame. Everything here runs inside the turn's task group, so a
 cancelled turn stops at its next await and sends nothing more.
 
-Fixed phrases (the apology, the tool filler, the not-configured notice; gateway/phrases.py) are played
+Fixed phrases (the apology, the tool filler, the not-configured notice; gateway/speech/phrases.py) are played
 from audio stored at start-up when the sentence is one of them in the voice they were stored in.
 
 When the engine fails a sentence (refused at once, or failed mid-way: a worker lost, stalled, none
@@ -28,9 +28,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from audio_codecs.opus import OpusEncoder
-from gateway.pacer import Pacer
-from gateway.phrases import Phrases
-from gateway.voice_choice import VoiceChoice
+from gateway.speech.pacer import Pacer
+from gateway.speech.phrases import Phrases
+from gateway.speech.voice_choice import VoiceChoice
 from gateway.xiaozhi import AudioOut, Event, TtsSentenceStart
 from tts_engine import SpeechEngine, SpeechStream
 from tts_engine.errors import EngineError

@@ -4,10 +4,10 @@ A turn is a task (with its own task group inside the speaker); abort, a new
 query or the end of the connection cancel it, and its `finally` sends the one
 `tts stop` that matches its `tts start`. Only `_send` touches the socket.
 
-Its parts: the turns (gateway/turns.py, one `Turn` per reply, gateway/turn.py),
-listening (gateway/session_listen.py), tools (gateway/session_tools.py), the idle
-deadlines (gateway/session_idle.py). The registry of live sessions belongs to the
-device socket (gateway/device_socket.py, gateway/session_registry.py).
+Its parts: the turns (gateway/speech/turns.py, one `Turn` per reply, gateway/speech/turn.py),
+listening (gateway/device/listen.py), tools (gateway/device/session_tools.py), the idle
+deadlines (gateway/device/idle.py). The registry of live sessions belongs to the
+device socket (gateway/device/socket.py, gateway/device/registry.py).
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ from typing import Any, Protocol
 import numpy as np
 
 from gateway.aec import EchoCanceller, EchoReference
-from gateway.listener import Listener
+from gateway.device.idle import IdleClock
+from gateway.device.listen import ListenHandling, TaskFactory
+from gateway.device.listener import Listener
+from gateway.device.mcp_client import DeviceMcpClient, VisionCapability
+from gateway.device.session_tools import SessionTools
 from gateway.llm.conversation import Conversation
-from gateway.mcp_client import DeviceMcpClient, VisionCapability
 from gateway.services import Services
-from gateway.session_idle import IdleClock
-from gateway.session_listen import ListenHandling, TaskFactory
-from gateway.session_tools import SessionTools
-from gateway.turns import Turns, metrics_recorder
-from gateway.voice_choice import VoiceChoice
+from gateway.speech.turns import Turns, metrics_recorder
+from gateway.speech.voice_choice import VoiceChoice
 from gateway.xiaozhi import (
     Abort,
     AudioOut,
@@ -173,7 +173,7 @@ class Session(ListenHandling):
                 await self._on_text(message)
 
     async def _watchdog(self) -> None:
-        """Ends the session at its idle deadline (gateway/session_idle.py)."""
+        """Ends the session at its idle deadline (gateway/device/idle.py)."""
         reason = await self.idle.expired(lambda: self._closing)
         if reason is not None:
             await self._end(reason)

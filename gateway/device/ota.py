@@ -5,7 +5,7 @@ string) and test clients send less. The reply never carries `mqtt` (the device
 would switch transport), `activation`, or a firmware offer it would install.
 
 With `server.auth` on, `websocket.token` is a device token bound to the asking Device-Id, and only
-for an admitted device (gateway/device_tokens.py, docs/device-auth.md); the operators' static
+for an admitted device (gateway/security/device_tokens.py, docs/device-auth.md); the operators' static
 tokens are never sent. A Device-Id or Client-Id that is too long or unprintable gets a 400.
 """
 
@@ -21,8 +21,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from gateway.config import Config
-from gateway.device_tokens import DeviceAuth
-from gateway.log_redaction import loggable
+from gateway.security.device_tokens import DeviceAuth
+from gateway.security.log_redaction import loggable
 from gateway.xiaozhi import RemoteProtocolError
 from gateway.xiaozhi.handshake import check_identity, normalize_device_id
 

@@ -4,7 +4,7 @@ A `Turn` owns what one reply needs and nothing a session shares: its Opus encode
 and its sentence segmenter. It sends `tts start`, speaks (fixed sentences or the LLM's answer,
 whose emotion it sends before the first sentence), and sends the one matching `tts stop` in its
 `finally`, whether it ends normally or is cancelled (abort, a new query, the end of the
-connection). The session decides when turns start and stop (gateway/turns.py builds them).
+connection). The session decides when turns start and stop (gateway/speech/turns.py builds them).
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from typing import Any
 from audio_codecs.opus import OpusEncoder
 from gateway.config import Config
 from gateway.llm.base import ChatLLM
-from gateway.pacer import Pacer
-from gateway.phrases import Phrases
-from gateway.reply import Emotion, Reply, ReplyEvent, fixed_sentences
-from gateway.segmenter import SentenceSegmenter
-from gateway.speaker import Speaker, SpeakResult
+from gateway.speech.pacer import Pacer
+from gateway.speech.phrases import Phrases
+from gateway.speech.reply import Emotion, Reply, ReplyEvent, fixed_sentences
+from gateway.speech.segmenter import SentenceSegmenter
+from gateway.speech.speaker import Speaker, SpeakResult
+from gateway.speech.voice_choice import VoiceChoice
 from gateway.tools.runner import ToolLoopSettings
 from gateway.tools.toolset import ToolSet
-from gateway.voice_choice import VoiceChoice
 from gateway.xiaozhi import Event, LlmEmotion, Stt, TtsStart, TtsStop
 from tts_engine import SpeechEngine
 
@@ -110,7 +110,7 @@ class Turn:
         emotion: bool = True,  # send the reply's emotion (`features.emoji: false` turns it off)
         recorder: TurnRecorder | None = None,
         started: float | None = None,  # when the user's query arrived (monotonic): first audio counts from it
-        phrases: Phrases | None = None,  # the fixed phrases' stored audio (gateway/phrases.py)
+        phrases: Phrases | None = None,  # the fixed phrases' stored audio (gateway/speech/phrases.py)
     ) -> None:
         self._engine = engine
         self._llm = llm

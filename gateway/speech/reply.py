@@ -1,6 +1,6 @@
 """One reply's text: streamed LLM deltas -> an ``Emotion`` first, then spoken sentences.
 
-``Reply.events()`` only yields; the turn (gateway/turn.py) sends the emotion to the device.
+``Reply.events()`` only yields; the turn (gateway/speech/turn.py) sends the emotion to the device.
 
 With tools (a ``ToolSet`` and a model that can call them) the deltas come from the tool loop
 (gateway/tools/runner.py); its filler sentences are spoken but are no part of the answer's text.
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from gateway.llm.base import ChatLLM, LLMError
 from gateway.llm.tool_calls import ToolCallingLLM
-from gateway.segmenter import SentenceSegmenter
-from gateway.text_cleaning import first_emoji
+from gateway.speech.segmenter import SentenceSegmenter
+from gateway.speech.text_cleaning import first_emoji
 from gateway.tools.runner import Filler, OnToolCall, ToolLoopSettings, ToolsRunning, answer_with_tools
 from gateway.tools.toolset import ToolSet
 from gateway.xiaozhi.emotions import DEFAULT_EMOTION, emotion_for_emoji

@@ -1,4 +1,4 @@
-"""A session's turns: builds one `Turn` (gateway/turn.py) per reply from the session's plain parts.
+"""A session's turns: builds one `Turn` (gateway/speech/turn.py) per reply from the session's plain parts.
 
 It keeps what lasts across a session's turns: the conversation history, the device's memory, the
 session's tool sources, its voice, and the device's features. What one turn sends is in `Turn`.
@@ -15,11 +15,11 @@ from gateway.llm.base import ChatLLM
 from gateway.llm.conversation import Conversation
 from gateway.llm.tool_calls import ToolCallingLLM
 from gateway.metrics import GatewayMetrics
-from gateway.phrases import Phrases
+from gateway.speech.phrases import Phrases
+from gateway.speech.turn import Tools, Turn, TurnConfig, TurnRecorder
+from gateway.speech.voice_choice import VoiceChoice
 from gateway.tools.base import ToolSource
 from gateway.tools.toolset import ToolSet
-from gateway.turn import Tools, Turn, TurnConfig, TurnRecorder
-from gateway.voice_choice import VoiceChoice
 from gateway.xiaozhi import Event
 from tts_engine import SpeechEngine
 
@@ -51,7 +51,7 @@ class Turns:
         remember: Callable[[str, str], None] | None = None,
         recorder: TurnRecorder | None = None,
         on_turn: Callable[[str], None] | None = None,  # a turn of this kind starts (metrics)
-        phrases: Phrases | None = None,  # the fixed phrases' stored audio (gateway/phrases.py)
+        phrases: Phrases | None = None,  # the fixed phrases' stored audio (gateway/speech/phrases.py)
         voice: VoiceChoice | None = None,  # the session's voice (its one owner); None: the configured one
     ) -> None:
         self._engine = engine

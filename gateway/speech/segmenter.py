@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import regex
 
-from gateway.text_cleaning import clean_for_speech
+from gateway.speech.text_cleaning import clean_for_speech
 
 __all__ = ["SentenceSegmenter"]
 
