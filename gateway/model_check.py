@@ -3,7 +3,7 @@
 `run_checks(config)` loads every configured model the way the server does (the TTS backend through
 `tts_choice.create_tts_backend`, the voice presets through the engine, FunASR through
 `FunASRBackend.load`, the Silero VAD through `SileroVAD`), after checking the CosyVoice3 files one by
-one (`cosyvoice.model_check`); then it synthesises one sentence and, when speech recognition is
+one (`cosyvoice.tools.model_check`); then it synthesises one sentence and, when speech recognition is
 configured, recognises it back. Each step is one `CheckResult` (status ok / missing / failed /
 skipped, a one-line detail and the exact fix). A step never raises: its exception becomes a failed
 result, the traceback kept in `trace` for `--verbose`.
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from cosyvoice import model_check as files
+from cosyvoice.tools import model_check as files
 from gateway.config import ASRConfig, Config, TTSConfig
 
 log = logging.getLogger(__name__)

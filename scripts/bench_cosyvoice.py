@@ -40,7 +40,7 @@ from cosyvoice.frontend.speaker import SpeakerRecord  # noqa: E402
 from cosyvoice.hift import HiftStreamState  # noqa: E402
 from cosyvoice.llm import LLMPrompt, LLMRunner  # noqa: E402
 from cosyvoice.model import CosyVoice3  # noqa: E402
-from cosyvoice.text import zero_shot_prompt  # noqa: E402
+from cosyvoice.text.prompt import zero_shot_prompt  # noqa: E402
 from scripts.make_tiny_model import make_model_dir  # noqa: E402
 
 TOKENS_PER_SECOND = 25

@@ -138,7 +138,7 @@ def load_model(args: argparse.Namespace) -> CosyVoice3:
         model_dir, device=torch.device(args.device), dtype=dtype, max_seconds=60
     )
     if args.torch_compile:  # what CosyVoiceBackend(torch_compile=True) does, once for every level's backend
-        from cosyvoice.compile import compile_token2wav
+        from cosyvoice.token2wav.compile import compile_token2wav
 
         compile_token2wav(model.token2wav, backend="inductor")
     return model

@@ -19,7 +19,7 @@ if str(REPO_ROOT) not in sys.path:
 
 from cosyvoice.checkpoint import CheckpointError  # noqa: E402
 from cosyvoice.config import ConfigError  # noqa: E402
-from cosyvoice.export_hf import ExportError, export_qwen2_hf  # noqa: E402
+from cosyvoice.tools.export_hf import ExportError, export_qwen2_hf  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

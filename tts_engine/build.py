@@ -116,7 +116,7 @@ def engine_for_backend(backend: Backend, config: dict[str, Any]) -> TTSEngine:
     normalizer = None
     if not backend.reads_raw_text and tts.get("text_normalization", "wetext") != "off":
         try:
-            from cosyvoice.text_normalization import TextNormalizer
+            from tts_engine.text_normalization import TextNormalizer
 
             normalizer = TextNormalizer(tts.get("text_normalization", "wetext"))
         except ImportError as exc:  # the worker still serves, reading text as written

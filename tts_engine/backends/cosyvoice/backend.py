@@ -32,7 +32,7 @@ Memory: the KV cache holds ``max_batch_size`` slots of ``max_llm_len`` positions
 weights measured, an activation reserve per row, the rest KV slots, at most ``max_batch_size``.
 
 CUDA graphs (``cuda_graphs=True``, CUDA and the native LLM only): the decode step runs as
-``cosyvoice.graph_decode.GraphDecodeRunner``, one graph per (batch bucket, KV length bucket), all
+``cosyvoice.llm.graph_decode.GraphDecodeRunner``, one graph per (batch bucket, KV length bucket), all
 captured at start-up; its scratch KV slot is planned with the weights, and its graph pool (one decode
 step's activations, far below a flow hop's) fits the per-row reserve. Elsewhere the flag is ignored with
 a warning. Not yet measured on a GPU, hence off by default.
@@ -47,7 +47,7 @@ recomputes. ``final_pass="streaming"`` keeps the chunk mask for a request's clos
 that call computes only its new frames (not upstream's numbers: docs/gpu-sharing.md says how far).
 
 ``torch_compile=True`` compiles the flow estimator's step and the vocoder with inductor
-(``cosyvoice.compile.compile_token2wav``; the first hops of each shape class pay the compile).
+(``cosyvoice.token2wav.compile.compile_token2wav``; the first hops of each shape class pay the compile).
 
 Benchmarks: ``fixed_llm_tokens=N`` makes every text segment generate exactly N speech tokens (stop
 tokens masked until N, stop at N), so random weights do the work of real speech.
@@ -71,10 +71,10 @@ import torch
 from cosyvoice.flow.chunk_cache import FlowCacheManager
 from cosyvoice.flow.errors import FlowError
 from cosyvoice.frontend.speaker import SpeakerError, SpeakerRecord
-from cosyvoice.graph_decode import GraphDecodeRunner
 from cosyvoice.llm import LLMInputError, LLMRequest, LLMRunner
+from cosyvoice.llm.graph_decode import GraphDecodeRunner
 from cosyvoice.model import CosyVoice3, ModelFilesError
-from cosyvoice.text import TextError, prepare_tts_texts
+from cosyvoice.text.prompt import TextError, prepare_tts_texts
 from cosyvoice.token2wav import SpeakerPrompt
 from tts_engine.backends.base import Backend
 from tts_engine.backends.cosyvoice.flow_warm import warm_voice_prefix
@@ -272,7 +272,7 @@ class CosyVoiceBackend(Backend):
             self.runner = LLMRunner(model.llm, max_batch=max_batch_size, max_len=max_llm_len)
         self.compiled = None
         if torch_compile:  # the DiT step and the vocoder through inductor (cosyvoice/compile.py)
-            from cosyvoice.compile import compile_token2wav
+            from cosyvoice.token2wav.compile import compile_token2wav
 
             self.compiled = compile_token2wav(model.token2wav, backend="inductor")
         self.stepper = BatchedStep(self.runner, model.token2wav)
