@@ -271,7 +271,7 @@ class CosyVoiceBackend(Backend):
         else:
             self.runner = LLMRunner(model.llm, max_batch=max_batch_size, max_len=max_llm_len)
         self.compiled = None
-        if torch_compile:  # the DiT step and the vocoder through inductor (cosyvoice/compile.py)
+        if torch_compile:  # the DiT step and the vocoder through inductor (cosyvoice/token2wav/compile.py)
             from cosyvoice.token2wav.compile import compile_token2wav
 
             self.compiled = compile_token2wav(model.token2wav, backend="inductor")
