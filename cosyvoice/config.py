@@ -93,7 +93,8 @@ class CosyVoice3Config:
 
 
 def _stage_config(build: Callable[[], T], source: Path) -> T:
-    """``build()`` of a stage's config, the class's own checks reported as a ConfigError naming ``source``."""
+    """``build()`` of a stage's config from values already read, the class's own checks (ValueError)
+    reported as a ConfigError naming ``source``."""
     try:
         return build()
     except ValueError as exc:
@@ -153,18 +154,11 @@ def _flow_config(flow: NodeReader) -> FlowConfig:
         raise ConfigError(
             f"{flow.source}: the flow's input_size, output_size and DiT out_channels must be one mel_dim"
         )
-    dit_config = _stage_config(
-        lambda: DiTConfig(
-            **{key: dit.int(key) for key in ("dim", "depth", "heads", "dim_head", "mel_dim", "mu_dim")},
-            spk_dim=dit.int("spk_dim"),
-            ff_dim=dit.int("dim") * dit.int("ff_mult"),
-            static_chunk_size=dit.int("static_chunk_size"),
-            num_decoding_left_chunks=dit.int("num_decoding_left_chunks"),
-        ),
-        flow.source,
-    )
+    keys = ("dim", "depth", "heads", "dim_head", "mel_dim", "mu_dim", "spk_dim", "static_chunk_size")
+    sizes = {key: dit.int(key) for key in (*keys, "num_decoding_left_chunks")}
+    ff_dim = sizes["dim"] * dit.int("ff_mult")
     return FlowConfig(
-        dit=dit_config,
+        dit=_stage_config(lambda: DiTConfig(**sizes, ff_dim=ff_dim), flow.source),
         cfm=CFMConfig(
             in_channels=decoder.int("in_channels"),
             n_spks=decoder.int("n_spks"),
