@@ -3,36 +3,33 @@
 ``load_config(model_dir)`` reads ``cosyvoice3.yaml`` (HyperPyYAML, parsed without executing any tag)
 and ``CosyVoice-BlankEN/config.json`` (the Qwen2 backbone geometry) and returns a frozen
 :class:`CosyVoice3Config` holding every number the LLM, flow, HiFT and frontend need, including the
-constants upstream hard-codes rather than puts in the yaml.
+constants upstream hard-codes rather than puts in the yaml. Each stage owns its config class
+(:class:`~cosyvoice.llm.LLMConfig`, :class:`~cosyvoice.flow.FlowConfig`, :class:`~cosyvoice.hift.HiFTConfig`);
+this module reads the yaml into them, and holds what belongs to the model as a whole.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
+import dataclasses
+import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from cosyvoice.files import read_json_object
+from cosyvoice.flow.config import CFMConfig, DiTConfig, FlowConfig
+from cosyvoice.hift.config import HiFTConfig
 from cosyvoice.hyperyaml import HyperYamlError, NodeReader, load_hyperyaml
+from cosyvoice.llm.config import LLMConfig, SamplingConfig
+from cosyvoice.llm.qwen2 import Qwen2Config
 
-__all__ = [
-    "CFMConfig",
-    "ConfigError",
-    "CosyVoice3Config",
-    "DiTConfig",
-    "FeatureConfig",
-    "FlowConfig",
-    "HiFTConfig",
-    "LLMConfig",
-    "ModelFiles",
-    "SamplingConfig",
-    "StreamingConfig",
-    "load_config",
-]
+__all__ = ["ConfigError", "CosyVoice3Config", "FeatureConfig", "ModelFiles", "StreamingConfig", "load_config"]
 
 YAML_NAME = "cosyvoice3.yaml"
 BLANK_EN_DIR = "CosyVoice-BlankEN"
+RL_LLM_NAME = "llm.rl.pt"
+T = TypeVar("T")
 LLM_CLASS = "cosyvoice.llm.llm.CosyVoice3LM"
 FLOW_CLASS = "cosyvoice.flow.flow.CausalMaskedDiffWithDiT"
 HIFT_CLASS = "cosyvoice.hifigan.generator.CausalHiFTGenerator"
@@ -40,138 +37,6 @@ HIFT_CLASS = "cosyvoice.hifigan.generator.CausalHiFTGenerator"
 
 class ConfigError(ValueError):
     """A model directory lacks a file, or its config lacks a key or holds a value of the wrong type."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LLMConfig:
-    """Qwen2 backbone (from BlankEN ``config.json``) plus the CosyVoice3LM speech vocabulary."""
-
-    hidden_size: int
-    num_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    text_vocab_size: int  # rows of embed_tokens (151936 in the release)
-    rope_theta: float
-    rms_norm_eps: float
-    max_position_embeddings: int
-    speech_token_size: int  # FSQ codes 0..speech_token_size-1 (6561)
-    num_speech_special: int = 200  # rows after the codes: sos, eos, task_id, fill, then unused
-    mix_ratio: tuple[int, int] = (5, 15)
-    endofprompt_id: int = 151646  # hard-coded upstream
-
-    @property
-    def speech_vocab_size(self) -> int:
-        """Rows of speech_embedding and llm_decoder (6761)."""
-        return self.speech_token_size + self.num_speech_special
-
-    @property
-    def sos_id(self) -> int:
-        return self.speech_token_size
-
-    @property
-    def eos_id(self) -> int:
-        return self.speech_token_size + 1
-
-    @property
-    def task_id(self) -> int:
-        return self.speech_token_size + 2
-
-    @property
-    def fill_id(self) -> int:
-        return self.speech_token_size + 3
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SamplingConfig:
-    """RAS sampling and the text-length based generation limits."""
-
-    top_p: float
-    top_k: int
-    win_size: int
-    tau_r: float
-    min_token_text_ratio: float = 2.0  # hard-coded upstream
-    max_token_text_ratio: float = 20.0  # hard-coded upstream
-    silent_tokens: tuple[int, ...] = (1, 2, 28, 29, 55, 248, 494, 2241, 2242, 2322, 2323)
-    max_silent_run: int = 5  # silent tokens beyond this run length never reach the flow
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DiTConfig:
-    dim: int
-    depth: int
-    heads: int
-    dim_head: int
-    ff_mult: int
-    mel_dim: int
-    mu_dim: int
-    spk_dim: int
-    out_channels: int
-    static_chunk_size: int  # mel frames per chunk of the streaming attention mask
-    num_decoding_left_chunks: int  # < 0: all left chunks
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CFMConfig:
-    in_channels: int
-    n_spks: int
-    spk_emb_dim: int
-    sigma_min: float
-    solver: str
-    t_scheduler: str
-    training_cfg_rate: float
-    inference_cfg_rate: float
-    n_timesteps: int = 10  # hard-coded upstream
-    noise_seed: int = 0  # the fixed noise buffer: manual_seed(0); randn(1, mel_dim, noise_frames)
-    noise_frames: int = 15000
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FlowConfig:
-    input_size: int
-    output_size: int
-    spk_embed_dim: int
-    vocab_size: int
-    input_frame_rate: int
-    token_mel_ratio: int
-    pre_lookahead_len: int
-    pre_lookahead_channels: int
-    dit: DiTConfig
-    cfm: CFMConfig
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HiFTConfig:
-    in_channels: int
-    base_channels: int
-    nb_harmonics: int
-    sampling_rate: int
-    nsf_alpha: float
-    nsf_sigma: float
-    nsf_voiced_threshold: float
-    upsample_rates: tuple[int, ...]
-    upsample_kernel_sizes: tuple[int, ...]
-    istft_n_fft: int
-    istft_hop_len: int
-    resblock_kernel_sizes: tuple[int, ...]
-    resblock_dilation_sizes: tuple[tuple[int, ...], ...]
-    source_resblock_kernel_sizes: tuple[int, ...]
-    source_resblock_dilation_sizes: tuple[tuple[int, ...], ...]
-    lrelu_slope: float
-    audio_limit: float
-    conv_pre_look_right: int
-    f0_num_class: int
-    f0_in_channels: int
-    f0_cond_channels: int
-
-    @property
-    def samples_per_frame(self) -> int:
-        """Waveform samples per mel frame (480 at 24 kHz)."""
-        total = self.istft_hop_len
-        for rate in self.upsample_rates:
-            total *= rate
-        return total
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -208,6 +73,7 @@ class ModelFiles:
     campplus: Path
     speech_tokenizer: Path
     blank_en: Path  # holds config.json, vocab.json, merges.txt, tokenizer_config.json
+    llm_rl: Path  # the optional reinforcement-learned LLM (``use_rl_llm``)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -226,44 +92,48 @@ class CosyVoice3Config:
     raw: Mapping[str, Any] = field(repr=False, compare=False)  # the resolved yaml, tags as Tagged
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _stage_config(build: Callable[[], T], source: Path) -> T:
+    """``build()`` of a stage's config from values already read, the class's own checks (ValueError)
+    reported as a ConfigError naming ``source``."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise ConfigError(f"{path}: file not found") from exc
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: invalid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a JSON object")
-    return data
+        return build()
+    except ValueError as exc:
+        raise ConfigError(f"{source}: {exc}") from exc
 
 
-def _llm_config(yaml_llm: NodeReader, qwen: NodeReader) -> LLMConfig:
+def _qwen2_config(qwen: NodeReader) -> Qwen2Config:
+    """The backbone from BlankEN's ``config.json``: every field of :class:`Qwen2Config` is a key there."""
     hidden = qwen.int("hidden_size")
     heads = qwen.int("num_attention_heads")
     if hidden % heads:
         raise ConfigError(
             f"{qwen.source}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}"
         )
+    if "head_dim" in qwen and qwen.int("head_dim") * heads != hidden:
+        raise ConfigError(
+            f"{qwen.source}: head_dim {qwen.int('head_dim')} x {heads} heads != hidden {hidden}"
+        )
+    types = typing.get_type_hints(Qwen2Config)
+    values = {
+        f.name: qwen.int(f.name) if types[f.name] is int else qwen.float(f.name)
+        for f in dataclasses.fields(Qwen2Config)
+    }
+    return _stage_config(lambda: Qwen2Config(**values), qwen.source)
+
+
+def _llm_config(yaml_llm: NodeReader, qwen: NodeReader) -> LLMConfig:
+    backbone = _qwen2_config(qwen)
     for key in ("llm_input_size", "llm_output_size"):
-        if yaml_llm.int(key) != hidden:
+        if yaml_llm.int(key) != backbone.hidden_size:
             raise ConfigError(
-                f"{yaml_llm.source}: llm.{key} = {yaml_llm.int(key)} but {qwen.source} hidden_size = {hidden}"
+                f"{yaml_llm.source}: llm.{key} = {yaml_llm.int(key)} but {qwen.source} hidden_size = "
+                f"{backbone.hidden_size}"
             )
     mix_ratio = yaml_llm.ints("mix_ratio")
     if len(mix_ratio) != 2:
         raise ConfigError(f"{yaml_llm.source}: 'llm.mix_ratio' must have two entries, got {mix_ratio}")
     return LLMConfig(
-        hidden_size=hidden,
-        num_layers=qwen.int("num_hidden_layers"),
-        num_attention_heads=heads,
-        num_key_value_heads=qwen.int("num_key_value_heads"),
-        head_dim=qwen.int("head_dim") if "head_dim" in qwen else hidden // heads,
-        intermediate_size=qwen.int("intermediate_size"),
-        text_vocab_size=qwen.int("vocab_size"),
-        rope_theta=qwen.float("rope_theta"),
-        rms_norm_eps=qwen.float("rms_norm_eps"),
-        max_position_embeddings=qwen.int("max_position_embeddings"),
+        backbone=backbone,
         speech_token_size=yaml_llm.int("speech_token_size"),
         mix_ratio=(mix_ratio[0], mix_ratio[1]),
     )
@@ -279,20 +149,16 @@ def _flow_config(flow: NodeReader) -> FlowConfig:
     pre_lookahead_len = flow.int("pre_lookahead_len")
     if lookahead.int("pre_lookahead_len") != pre_lookahead_len:
         raise ConfigError(f"{flow.source}: flow.pre_lookahead_len differs from pre_lookahead_layer's")
+    mel_dim = flow.int("input_size")
+    if flow.int("output_size") != mel_dim or dit.int("out_channels") != dit.int("mel_dim"):
+        raise ConfigError(
+            f"{flow.source}: the flow's input_size, output_size and DiT out_channels must be one mel_dim"
+        )
+    keys = ("dim", "depth", "heads", "dim_head", "mel_dim", "mu_dim", "spk_dim", "static_chunk_size")
+    sizes = {key: dit.int(key) for key in (*keys, "num_decoding_left_chunks")}
+    ff_dim = sizes["dim"] * dit.int("ff_mult")
     return FlowConfig(
-        input_size=flow.int("input_size"),
-        output_size=flow.int("output_size"),
-        spk_embed_dim=flow.int("spk_embed_dim"),
-        vocab_size=flow.int("vocab_size"),
-        input_frame_rate=flow.int("input_frame_rate"),
-        token_mel_ratio=flow.int("token_mel_ratio"),
-        pre_lookahead_len=pre_lookahead_len,
-        pre_lookahead_channels=lookahead.int("channels"),
-        dit=DiTConfig(
-            **{key: dit.int(key) for key in ("dim", "depth", "heads", "dim_head", "ff_mult", "mel_dim")},
-            **{key: dit.int(key) for key in ("mu_dim", "spk_dim", "out_channels", "static_chunk_size")},
-            num_decoding_left_chunks=dit.int("num_decoding_left_chunks"),
-        ),
+        dit=_stage_config(lambda: DiTConfig(**sizes, ff_dim=ff_dim), flow.source),
         cfm=CFMConfig(
             in_channels=decoder.int("in_channels"),
             n_spks=decoder.int("n_spks"),
@@ -303,6 +169,13 @@ def _flow_config(flow: NodeReader) -> FlowConfig:
             training_cfg_rate=cfm_params.float("training_cfg_rate"),
             inference_cfg_rate=cfm_params.float("inference_cfg_rate"),
         ),
+        vocab_size=flow.int("vocab_size"),
+        mel_dim=mel_dim,
+        spk_embed_dim=flow.int("spk_embed_dim"),
+        pre_lookahead_channels=lookahead.int("channels"),
+        pre_lookahead_len=pre_lookahead_len,
+        token_mel_ratio=flow.int("token_mel_ratio"),
+        input_frame_rate=flow.int("input_frame_rate"),
     )
 
 
@@ -361,6 +234,7 @@ def load_config(model_dir: str | Path) -> CosyVoice3Config:
         campplus=model_dir / "campplus.onnx",
         speech_tokenizer=model_dir / "speech_tokenizer_v3.onnx",
         blank_en=model_dir / BLANK_EN_DIR,
+        llm_rl=model_dir / RL_LLM_NAME,
     )
     try:
         raw = load_hyperyaml(files.yaml, overrides={"qwen_pretrain_path": str(files.blank_en)})
@@ -368,7 +242,7 @@ def load_config(model_dir: str | Path) -> CosyVoice3Config:
         raise ConfigError(str(exc)) from exc
     qwen_json = files.blank_en / "config.json"
     top = NodeReader(raw, "", files.yaml, ConfigError)
-    qwen = NodeReader(_read_json(qwen_json), "", qwen_json, ConfigError)
+    qwen = NodeReader(read_json_object(qwen_json, ConfigError), "", qwen_json, ConfigError)
     llm = top.sub("llm", LLM_CLASS)
     sampling = llm.sub("sampling")
     flow = top.sub("flow", FLOW_CLASS)

@@ -8,7 +8,7 @@ Single-request API::
     for chunk in model.synthesize("Hello!", speaker, mode="zero_shot", stream=True, seed=0):
         ...                                           # 24 kHz float32 [n] CPU tensors
 
-``synthesize`` normalises and splits the text (:mod:`cosyvoice.text`); each segment is one LLM request
+``synthesize`` normalises and splits the text (:mod:`cosyvoice.text.prompt`); each segment is one LLM request
 (:class:`~cosyvoice.llm.LLMRunner`, batch 1, one torch.Generator per call seeded by ``seed``, shared by
 the call's segments as upstream's global RNG is) feeding one :class:`~cosyvoice.token2wav.Token2WavStream`.
 Streaming chunks follow the official hop schedule (25 + pad -> 50 -> 100 tokens, 3 look-ahead tokens, a
@@ -45,14 +45,14 @@ from cosyvoice.frontend.onnx import CampPlus, OnnxModelError, SpeechTokenizerV3,
 from cosyvoice.frontend.speaker import SpeakerError, SpeakerRecord
 from cosyvoice.frontend.speaker import prepare_speaker as _prepare_speaker
 from cosyvoice.hift import HiftError
-from cosyvoice.llm import CosyVoice3LM, LLMPrompt, LLMRequest, LLMRunner, qwen2_config, sampling_from_config
-from cosyvoice.text import PromptMode, TextError, build_llm_text, prepare_tts_texts
+from cosyvoice.llm import CosyVoice3LM, LLMPrompt, LLMRequest, LLMRunner, sampling_from_config
+from cosyvoice.pretrained import load_llm
+from cosyvoice.text.prompt import PromptMode, TextError, build_llm_text, prepare_tts_texts
+from cosyvoice.text.tokenizer import CosyVoice3Tokenizer, TokenizerError
 from cosyvoice.token2wav import SpeakerPrompt, Token2Wav
-from cosyvoice.tokenizer import CosyVoice3Tokenizer, TokenizerError
 
-__all__ = ["RL_LLM_FILE", "CosyVoice3", "ModelFilesError"]
+__all__ = ["CosyVoice3", "ModelFilesError"]
 
-RL_LLM_FILE = "llm.rl.pt"
 _LOAD_ERRORS = (CheckpointError, ConfigError, TokenizerError, FlowError, HiftError, OnnxModelError)
 
 
@@ -127,22 +127,18 @@ class CosyVoice3:
             config = load_config(model_dir)
         except ConfigError as exc:
             raise ModelFilesError(str(exc)) from exc
-        llm_path = config.files.llm
-        if use_rl_llm:
-            llm_path = config.files.model_dir / RL_LLM_FILE
-            if not llm_path.is_file():
-                raise ModelFilesError(
-                    f"{llm_path}: use_rl_llm=True but this model has no {RL_LLM_FILE}", llm_path
-                )
+        llm_path = config.files.llm_rl if use_rl_llm else config.files.llm
+        if use_rl_llm and not llm_path.is_file():
+            raise ModelFilesError(
+                f"{llm_path}: use_rl_llm=True but this model has no {llm_path.name}", llm_path
+            )
         missing = [path for path in _required_files(config, llm_path) if not path.is_file()]
         if missing:
             names = ", ".join(str(path) for path in missing)
             raise ModelFilesError(f"model file(s) not found: {names}", missing[0])
         try:
             tokenizer = CosyVoice3Tokenizer.from_dir(config.files.blank_en)
-            llm = CosyVoice3LM(qwen2_config(config.llm), speech_token_size=config.llm.speech_token_size)
-            llm.load_checkpoint(llm_path)
-            llm = llm.to(device=device, dtype=dtype).eval()
+            llm = load_llm(config=config, use_rl_llm=use_rl_llm, device=device, dtype=dtype)
             token2wav = Token2Wav.from_pretrained(
                 config.files.model_dir, config=config, device=device, dtype=dtype, max_seconds=max_seconds
             )
@@ -198,10 +194,10 @@ class CosyVoice3:
         if not isinstance(record, SpeakerRecord):
             raise SpeakerError(f"speaker must be a SpeakerRecord, got {type(record).__name__}")
         flow = self.config.flow
-        if record.embedding.shape[0] != flow.spk_embed_dim or record.prompt_mel.shape[1] != flow.output_size:
+        if record.embedding.shape[0] != flow.spk_embed_dim or record.prompt_mel.shape[1] != flow.mel_dim:
             raise SpeakerError(
                 f"speaker record has a {record.embedding.shape[0]}-d embedding and {record.prompt_mel.shape[1]} "
-                f"mel bins; this model needs {flow.spk_embed_dim} and {flow.output_size}"
+                f"mel bins; this model needs {flow.spk_embed_dim} and {flow.mel_dim}"
             )
         tokens = record.prompt_speech_tokens
         if tokens.numel() and not bool(((tokens >= 0) & (tokens < flow.vocab_size)).all()):

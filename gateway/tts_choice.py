@@ -17,6 +17,7 @@ import torch
 from gateway.config import EngineConfig, GPUConfig, TTSConfig
 from tts_engine.backends import Backend
 from tts_engine.build import build_backend
+from tts_engine.settings import EngineSettings, GPUSettings, Settings
 
 
 @dataclass
@@ -49,12 +50,12 @@ def create_tts_backend(
     name: str, cfg: TTSConfig, engine: EngineConfig | None = None, gpu: GPUConfig | None = None
 ) -> Backend:
     """Build the chosen backend for this process (the engine beside the ASR), as a worker would."""
-    sections = {
-        "tts": cfg.model_dump(mode="json"),
-        "engine": (engine or EngineConfig()).model_dump(mode="json"),
-        "gpu": (gpu or GPUConfig()).model_dump(mode="json"),
-    }
-    return build_backend(name, cfg.device, sections, own_process=False)
+    settings = Settings(
+        tts=cfg.to_settings(),
+        engine=EngineSettings() if engine is None else engine.to_settings(),
+        gpu=GPUSettings() if gpu is None else gpu.to_settings(),
+    )
+    return build_backend(name, cfg.device, settings, own_process=False)
 
 
 def set_cpu_threads(backend: str, configured: int) -> None:

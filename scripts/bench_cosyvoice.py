@@ -40,8 +40,8 @@ from cosyvoice.frontend.speaker import SpeakerRecord  # noqa: E402
 from cosyvoice.hift import HiftStreamState  # noqa: E402
 from cosyvoice.llm import LLMPrompt, LLMRunner  # noqa: E402
 from cosyvoice.model import CosyVoice3  # noqa: E402
-from cosyvoice.text import zero_shot_prompt  # noqa: E402
-from scripts.make_tiny_model import make_model_dir  # noqa: E402
+from cosyvoice.text.prompt import zero_shot_prompt  # noqa: E402
+from scripts.make_tiny_model import bench_model_dir  # noqa: E402
 
 TOKENS_PER_SECOND = 25
 TRANSCRIPT = "This is the prompt recording that the benchmark pretends to have."
@@ -88,17 +88,6 @@ class Timer:
         result = fn()
         self.sync()
         return time.perf_counter() - start, result
-
-
-def ensure_model(model_dir: Path, seed: int) -> Path:
-    if (model_dir / "cosyvoice3.yaml").is_file():
-        print(f"reusing {model_dir}")
-        return model_dir
-    print(f"writing a full-size random-weight model to {model_dir} (about 3.4 GB) ...", flush=True)
-    start = time.perf_counter()
-    make_model_dir(model_dir, preset="full", seed=seed, onnx_models=False)
-    print(f"  done in {time.perf_counter() - start:.0f} s")
-    return model_dir
 
 
 def synthetic_speaker(model: CosyVoice3, seconds: float) -> SpeakerRecord:
@@ -248,9 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     warmup = args.warmup if args.warmup is not None else (1 if device.type == "cuda" else 0)
     steps = args.decode_tokens or (8 if args.quick else 50)
     hops = 1 if args.quick else 3
-    model_dir = ensure_model(
-        args.model_dir or REPO_ROOT / "models" / ".bench" / f"full-seed{args.seed}", args.seed
-    )
+    model_dir = bench_model_dir("full", args.seed, args.model_dir)
     timer = Timer(device)
     load_s, model = timer(
         lambda: CosyVoice3.from_pretrained(model_dir, device=device, dtype=DTYPES[args.dtype], max_seconds=60)

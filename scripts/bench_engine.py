@@ -61,7 +61,7 @@ import torch  # noqa: E402
 
 from cosyvoice.model import CosyVoice3  # noqa: E402
 from scripts.bench_cosyvoice import synthetic_speaker  # noqa: E402
-from scripts.make_tiny_model import make_model_dir  # noqa: E402
+from scripts.make_tiny_model import bench_model_dir  # noqa: E402
 from tts_engine import TTSEngine  # noqa: E402
 from tts_engine.backends.cosyvoice import CosyVoiceBackend  # noqa: E402
 from tts_engine.memory import MemoryBudget  # noqa: E402
@@ -129,16 +129,14 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def load_model(args: argparse.Namespace) -> CosyVoice3:
-    model_dir = args.model_dir or REPO_ROOT / "models" / ".bench" / f"{args.preset}-seed0"
-    if not (model_dir / "cosyvoice3.yaml").is_file():
-        print(f"writing a random-weight {args.preset} model to {model_dir} ...", file=sys.stderr)
-        make_model_dir(model_dir, args.preset, seed=0, onnx_models=False)
-    dtype = getattr(torch, args.dtype)
     model = CosyVoice3.from_pretrained(
-        model_dir, device=torch.device(args.device), dtype=dtype, max_seconds=60
+        bench_model_dir(args.preset, model_dir=args.model_dir),
+        device=torch.device(args.device),
+        dtype=getattr(torch, args.dtype),
+        max_seconds=60,
     )
     if args.torch_compile:  # what CosyVoiceBackend(torch_compile=True) does, once for every level's backend
-        from cosyvoice.compile import compile_token2wav
+        from cosyvoice.token2wav.compile import compile_token2wav
 
         compile_token2wav(model.token2wav, backend="inductor")
     return model

@@ -19,7 +19,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from cosyvoice.text_normalization import TextNormalizer  # noqa: E402
+from tts_engine.text_normalization import TextNormalizer  # noqa: E402
 
 CORPUS = [
     "好的，我来帮你查一下明天的天气。",

@@ -43,7 +43,7 @@ from cosyvoice.frontend.speaker import SpeakerRecord  # noqa: E402
 from cosyvoice.llm import LLMPrompt, generate  # noqa: E402
 from cosyvoice.model import CosyVoice3  # noqa: E402
 from scripts.bench_cosyvoice import synthetic_speaker  # noqa: E402
-from scripts.make_tiny_model import make_model_dir  # noqa: E402
+from scripts.make_tiny_model import bench_model_dir  # noqa: E402
 
 TEXT = "今天天气很好，我们一起去公园散步吧。"
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -149,10 +149,7 @@ def main(argv: list[str] | None = None) -> list[PrecisionReport]:
     args = _parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    model_dir = args.model_dir or REPO_ROOT / "models" / ".bench" / f"{args.preset}-seed0"
-    if not (model_dir / "cosyvoice3.yaml").is_file():
-        print(f"writing a random-weight {args.preset} model to {model_dir} ...", file=sys.stderr)
-        make_model_dir(model_dir, args.preset, seed=0, onnx_models=False)
+    model_dir = bench_model_dir(args.preset, model_dir=args.model_dir)
     device = torch.device(args.device)
     reference = CosyVoice3.from_pretrained(model_dir, device=device, dtype=torch.float32, max_seconds=60)
     speaker = synthetic_speaker(reference, args.prompt_seconds)

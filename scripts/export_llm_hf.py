@@ -2,7 +2,7 @@
 
     python scripts/export_llm_hf.py MODEL_DIR OUT_DIR [--dtype float32|bfloat16|float16] [--rl-llm] [--overwrite]
 
-See ``cosyvoice/export_hf.py`` for the layout (speech embedding as ``embed_tokens``, ``llm_decoder`` as
+See ``cosyvoice/tools/export_hf.py`` for the layout (speech embedding as ``embed_tokens``, ``llm_decoder`` as
 ``lm_head``, vocab 6761, no tokenizer). The optional vLLM backend (``engine.llm_backend: vllm``) runs the
 same export into ``MODEL_DIR/vllm`` by itself when that directory is missing.
 """
@@ -19,7 +19,7 @@ if str(REPO_ROOT) not in sys.path:
 
 from cosyvoice.checkpoint import CheckpointError  # noqa: E402
 from cosyvoice.config import ConfigError  # noqa: E402
-from cosyvoice.export_hf import ExportError, export_qwen2_hf  # noqa: E402
+from cosyvoice.tools.export_hf import ExportError, export_qwen2_hf  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

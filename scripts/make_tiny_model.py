@@ -48,7 +48,7 @@ import torch  # noqa: E402
 from scripts.tiny_model_assets import write_onnx_models, write_tokenizer  # noqa: E402
 from scripts.tiny_model_yaml import render_yaml  # noqa: E402
 
-__all__ = ["PRESETS", "Preset", "make_model_dir"]
+__all__ = ["PRESETS", "Preset", "bench_model_dir", "make_model_dir"]
 
 TEXT_VOCAB = 151936  # rows of Qwen2's embed_tokens
 SPEECH_CODES = 6561
@@ -300,6 +300,16 @@ def make_model_dir(
     )
     (out / "cosyvoice3.yaml").write_text(yaml_text, encoding="utf-8")
     return out
+
+
+def bench_model_dir(preset: str, seed: int = 0, model_dir: Path | None = None) -> Path:
+    """``model_dir``, else the benchmarks' random-weight ``preset`` model under ``models/.bench`` (written
+    there, without the ONNX frontend, the first time it is asked for)."""
+    model_dir = model_dir or REPO_ROOT / "models" / ".bench" / f"{preset}-seed{seed}"
+    if not (model_dir / "cosyvoice3.yaml").is_file():
+        print(f"writing a random-weight {preset} model to {model_dir} ...", file=sys.stderr)
+        make_model_dir(model_dir, preset, seed=seed, onnx_models=False)
+    return model_dir
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Regex, pre_tokenizers
 
-from cosyvoice.tokenizer import QWEN2_SPLIT_PATTERN
+from cosyvoice.text.tokenizer import QWEN2_SPLIT_PATTERN
 
 __all__ = ["REGULAR_VOCAB_SIZE", "write_onnx_models", "write_tokenizer"]
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from audio_codecs.wav import wav_bytes
-from cosyvoice.graph_decode import GraphDecodeRunner
 from cosyvoice.llm import LengthRule
+from cosyvoice.llm.graph_decode import GraphDecodeRunner
 from cosyvoice.model import CosyVoice3
 from gateway.llm.echo import EchoLLM
 from gateway.voices.store import VoiceStore

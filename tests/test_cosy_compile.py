@@ -1,4 +1,4 @@
-"""Behaviour of cosyvoice.compile (torch.compile path of Token2Wav) on a tiny flow and vocoder, CPU only.
+"""Behaviour of cosyvoice.token2wav.compile (torch.compile of Token2Wav) on a tiny flow and vocoder, CPU only.
 
 The compiled runs use the ``aot_eager`` backend (dynamo + AOT autograd tracing, eager kernels): no C++
 compiler needed, and any difference from eager comes from the traced graph and the shape padding.
@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from cosyvoice.compile import CompileError, compile_token2wav
 from cosyvoice.flow import DiTConfig, Flow, FlowConfig, FlowInputError, attention_mask
 from cosyvoice.hift import CausalHift
 from cosyvoice.token2wav import HopSchedule, SpeakerPrompt, Token2Wav
+from cosyvoice.token2wav.compile import CompileError, compile_token2wav
 from tests.test_cosy_hift import tiny_config, tiny_hift
 
 VOCAB = 50
@@ -42,7 +42,7 @@ def small_flow() -> Flow:
         static_chunk_size=CHUNK,
     )
     torch.manual_seed(3)
-    flow = Flow(FlowConfig(dit=dit, vocab_size=VOCAB, spk_embed_dim=12, lookahead_channels=16)).eval()
+    flow = Flow(FlowConfig(dit=dit, vocab_size=VOCAB, spk_embed_dim=12, pre_lookahead_channels=16)).eval()
     with torch.no_grad():  # non-zero AdaLN so the block really contributes
         for p in flow.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -195,7 +195,7 @@ def test_target_runs_eager_once_its_recompile_limit_is_hit(
         model, backend="aot_eager", dynamic=False, targets=("flow",), recompile_limit=1
     )
     try:
-        with caplog.at_level("WARNING", logger="cosyvoice.compile"):
+        with caplog.at_level("WARNING", logger="cosyvoice.token2wav.compile"):
             got, _, _ = batched_streaming_run(model)
     finally:
         compiled.restore()

@@ -37,7 +37,7 @@ def tiny_config(**dit_overrides) -> FlowConfig:
         static_chunk_size=CHUNK,
         **dit_overrides,
     )
-    return FlowConfig(dit=dit, vocab_size=VOCAB, spk_embed_dim=12, lookahead_channels=16)
+    return FlowConfig(dit=dit, vocab_size=VOCAB, spk_embed_dim=12, pre_lookahead_channels=16)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -226,9 +226,11 @@ def official_state_dict(cfg: FlowConfig) -> dict[str, torch.Tensor]:
         "input_embedding.weight": (cfg.vocab_size, cfg.mel_dim),
         "spk_embed_affine_layer.weight": (cfg.mel_dim, cfg.spk_embed_dim),
         "spk_embed_affine_layer.bias": (cfg.mel_dim,),
-        "pre_lookahead_layer.conv1.weight": (cfg.lookahead_channels, cfg.mel_dim, cfg.pre_lookahead_len + 1),
-        "pre_lookahead_layer.conv1.bias": (cfg.lookahead_channels,),
-        "pre_lookahead_layer.conv2.weight": (cfg.mel_dim, cfg.lookahead_channels, 3),
+        "pre_lookahead_layer.conv1.weight": (
+            cfg.pre_lookahead_channels, cfg.mel_dim, cfg.pre_lookahead_len + 1
+        ),
+        "pre_lookahead_layer.conv1.bias": (cfg.pre_lookahead_channels,),
+        "pre_lookahead_layer.conv2.weight": (cfg.mel_dim, cfg.pre_lookahead_channels, 3),
         "pre_lookahead_layer.conv2.bias": (cfg.mel_dim,),
         f"{e}time_embed.time_mlp.0.weight": (d.dim, 256),
         f"{e}time_embed.time_mlp.0.bias": (d.dim,),

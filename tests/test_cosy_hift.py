@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from cosyvoice.checkpoint import CheckpointError, load_module_state
-from cosyvoice.config import HiFTConfig
 from cosyvoice.hift import (
     CausalHift,
+    HiFTConfig,
     HiftInputError,
     HiftNoiseBuffers,
     HiftStreamState,

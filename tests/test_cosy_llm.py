@@ -21,8 +21,8 @@ from cosyvoice.llm import (
     LLMRunner,
     generate,
 )
-from cosyvoice.qwen2 import KVCacheError, Qwen2Config, Qwen2Model
-from cosyvoice.sampling import (
+from cosyvoice.llm.qwen2 import KVCacheError, Qwen2Config, Qwen2Model
+from cosyvoice.llm.sampling import (
     RasParams,
     SilentTokenFilter,
     make_generator,

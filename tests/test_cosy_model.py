@@ -16,7 +16,7 @@ import torch
 from cosyvoice.frontend.speaker import SpeakerError, SpeakerRecord
 from cosyvoice.llm import LLMRequest, generate
 from cosyvoice.model import CosyVoice3, ModelFilesError
-from cosyvoice.text import TextError
+from cosyvoice.text.prompt import TextError
 from scripts.make_tiny_model import make_model_dir
 
 SAMPLES_PER_TOKEN = 960  # 2 mel frames x 480 samples at 24 kHz

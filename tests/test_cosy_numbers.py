@@ -1,6 +1,6 @@
 import pytest
 
-from cosyvoice.numbers import (
+from cosyvoice.text.numbers import (
     english_cardinal,
     english_digits,
     english_ordinal,

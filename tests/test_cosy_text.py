@@ -1,6 +1,6 @@
 import pytest
 
-from cosyvoice.text import (
+from cosyvoice.text.prompt import (
     INSTRUCT_PREFIX,
     PROMPT_PREFIX,
     LLMTextInput,

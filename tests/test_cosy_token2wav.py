@@ -17,7 +17,7 @@ VOCAB = 50
 def flow() -> Flow:
     dit = DiTConfig(dim=32, depth=1, heads=2, dim_head=16, ff_dim=32, conv_kernel=5, conv_groups=4)
     torch.manual_seed(3)
-    model = Flow(FlowConfig(dit=dit, vocab_size=VOCAB, spk_embed_dim=12, lookahead_channels=16)).eval()
+    model = Flow(FlowConfig(dit=dit, vocab_size=VOCAB, spk_embed_dim=12, pre_lookahead_channels=16)).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))

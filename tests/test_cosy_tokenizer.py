@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from cosyvoice.tokenizer import (
+from cosyvoice.text.tokenizer import (
     COSYVOICE3_ADDED_TOKENS,
     ENDOFPROMPT,
     CosyVoice3Tokenizer,

@@ -11,8 +11,9 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from cosyvoice.checkpoint import CheckpointError
-from cosyvoice.export_hf import ExportError, export_qwen2_hf, read_export_info
 from cosyvoice.llm import END_OF_PROMPT_TEXT_ID, CosyVoice3LM, LLMPrompt
+from cosyvoice.pretrained import load_llm
+from cosyvoice.tools.export_hf import ExportError, export_qwen2_hf, read_export_info
 from scripts.export_llm_hf import main as export_main
 from scripts.make_tiny_model import make_model_dir
 
@@ -36,7 +37,7 @@ def export_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 @pytest.fixture(scope="module")
 def lm(model_dir: Path) -> CosyVoice3LM:
-    return CosyVoice3LM.from_model_dir(model_dir)
+    return load_llm(model_dir)
 
 
 def hf_logp(hf_dir: Path, lm: CosyVoice3LM, prompt: LLMPrompt, targets: torch.Tensor) -> torch.Tensor:

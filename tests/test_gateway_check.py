@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from audio_codecs.wav import wav_bytes
-from cosyvoice.tokenizer import COSYVOICE3_ADDED_TOKENS
+from cosyvoice.text.tokenizer import COSYVOICE3_ADDED_TOKENS
 from gateway.__main__ import main
 from scripts.make_tiny_funasr_model import make_tiny_model
 from scripts.make_tiny_model import make_model_dir

@@ -8,10 +8,18 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from cosyvoice import graph_decode
-from cosyvoice.graph_decode import GraphDecodeConfigError, GraphDecodeRunner, power_of_two_buckets
-from cosyvoice.llm import CosyVoice3LM, LengthRule, LLMInputError, LLMRequest, LLMRunner, StepOutput, generate
-from cosyvoice.qwen2 import KVCacheError
+from cosyvoice.llm import (
+    CosyVoice3LM,
+    LengthRule,
+    LLMInputError,
+    LLMRequest,
+    LLMRunner,
+    StepOutput,
+    generate,
+    graph_decode,
+)
+from cosyvoice.llm.graph_decode import GraphDecodeConfigError, GraphDecodeRunner, power_of_two_buckets
+from cosyvoice.llm.qwen2 import KVCacheError
 from tests.test_cosy_llm import TINY, prompt
 
 # every request emits exactly ratio x text tokens: no early stop, so batch and kv sizes are known

@@ -9,9 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cosyvoice.export_hf import ExportError
 from cosyvoice.llm import END_OF_PROMPT_TEXT_ID, CosyVoice3LM, LLMPrompt, LLMRequest
 from cosyvoice.model import CosyVoice3
+from cosyvoice.pretrained import load_llm
+from cosyvoice.tools.export_hf import ExportError
 from scripts.make_tiny_model import make_model_dir
 from tts_engine.backends.cosyvoice import CosyVoiceBackend
 from tts_engine.backends.cosyvoice.llm_vllm import (
@@ -72,7 +73,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def lm(model_dir: Path) -> CosyVoice3LM:
-    return CosyVoice3LM.from_model_dir(model_dir)
+    return load_llm(model_dir)
 
 
 def make_runner(lm: CosyVoice3LM, model_dir: Path, scripts: list[list[int]], **kw) -> VLLMRunner:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from cosyvoice.model import CosyVoice3
+from scripts import activation_meters as meters
 from scripts import measure_activations as ma
 from scripts.make_tiny_model import make_model_dir
 
@@ -32,7 +33,7 @@ def test_tracker_gives_the_exact_peak_of_a_known_allocation_pattern() -> None:
     n = 128
     size = n * n * 4  # one [n, n] float32 tensor
     x, w, buf = torch.randn(n, n), torch.randn(n, n), torch.zeros(2 * n, n)  # baseline, never counted
-    tracker = ma.LiveTensorTracker()
+    tracker = meters.LiveTensorTracker()
     with torch.inference_mode(), tracker:
         y = x @ w  # 1 S
         z = torch.tanh(y)  # 2 S
@@ -56,7 +57,7 @@ def test_tracker_gives_the_exact_peak_of_a_known_allocation_pattern() -> None:
 def test_tracker_keeps_a_peak_per_phase_starting_from_what_is_live() -> None:
     n = 64
     size = n * n * 4
-    tracker = ma.LiveTensorTracker()
+    tracker = meters.LiveTensorTracker()
     with torch.inference_mode(), tracker:
         tracker.phase("a")
         kept = torch.ones(n, n)
@@ -73,7 +74,7 @@ def test_tracker_keeps_a_peak_per_phase_starting_from_what_is_live() -> None:
 def test_attention_scores_count_only_in_the_non_fused_peak() -> None:
     batch, heads, length, dim = 1, 2, 64, 8
     q = torch.randn(batch, heads, length, dim)
-    tracker = ma.LiveTensorTracker()
+    tracker = meters.LiveTensorTracker()
     with torch.inference_mode(), tracker:
         out = torch.nn.functional.scaled_dot_product_attention(q, q, q)
     out_bytes = out.numel() * 4
@@ -83,8 +84,8 @@ def test_attention_scores_count_only_in_the_non_fused_peak() -> None:
 
 
 def test_sanity_pattern_matches_its_stated_peak() -> None:
-    tracker = ma.LiveTensorTracker()
-    expected_peak, expected_end = ma.sanity_pattern(tracker, n=64)
+    tracker = meters.LiveTensorTracker()
+    expected_peak, expected_end = meters.sanity_pattern(tracker, n=64)
     assert (tracker.peak_bytes, tracker.current_bytes) == (expected_peak, expected_end)
     assert ma.main(["--sanity"]) == 0
 
@@ -139,7 +140,7 @@ def test_bad_arguments_raise_a_measure_error(model: CosyVoice3, kwargs: dict) ->
 
 def test_cuda_meter_refuses_a_cpu_device() -> None:
     with pytest.raises(ma.MeasureError):
-        ma.CudaPeakMeter("cpu")
+        meters.CudaPeakMeter("cpu")
 
 
 def test_main_prints_a_table_row_per_phase(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,8 +2,9 @@
 
 The expected strings were written by hand from the standard reading (what a Chinese or English
 speaker says), then checked against the library. Where wetext reads wrongly, a rule of ours
-(cosyvoice/wetext_rules.py) fixes it; the cases it still gets wrong are marked ``xfail(strict=True)``
-with the reason, so they turn red the day the library (or a new rule) gets them right.
+(tts_engine/text_normalization/wetext_rules.py) fixes it; the cases it still gets wrong are marked
+``xfail(strict=True)`` with the reason, so they turn red the day the library (or a new rule) gets them
+right.
 Blanks are compared collapsed: the CosyVoice frontend drops them between non-ASCII characters.
 """
 
@@ -15,7 +16,7 @@ import pytest
 
 pytest.importorskip("wetext")
 
-from cosyvoice.text_normalization import TextNormalizer  # noqa: E402
+from tts_engine.text_normalization import TextNormalizer  # noqa: E402
 
 
 def _known_wrong(text: str, expected: str, reason: str) -> object:

@@ -14,13 +14,13 @@ import httpx
 import pytest
 import websockets
 
-from cosyvoice.numbers import spell_numbers_zh
-from cosyvoice.text_normalization import TextNormalizer
+from cosyvoice.text.numbers import spell_numbers_zh
 from scripts.device_sim import DeviceSimulator
 from tests.gateway_server import running_gateway
 from tts_engine import TTSEngine
 from tts_engine.backends.espeak import EspeakBackend
 from tts_engine.backends.fake import FakeBackend
+from tts_engine.text_normalization import TextNormalizer
 
 SENTENCE = "会议在2026-11-24下午3:30，预计3-5个人。"
 WETEXT = "会议在二零二六年十一月二十四日下午三点三十分，预计三到五个人。"
@@ -90,7 +90,7 @@ def test_wetext_missing_falls_back_to_basic_with_a_warning(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setitem(sys.modules, "wetext", None)  # import wetext -> ImportError
-    with caplog.at_level(logging.WARNING, logger="cosyvoice.text_normalization"):
+    with caplog.at_level(logging.WARNING, logger="tts_engine.text_normalization"):
         normalizer = TextNormalizer("wetext")
     assert normalizer.mode == "basic"
     assert "wetext" in caplog.text and "basic" in caplog.text

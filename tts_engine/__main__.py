@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from tts_engine.build import build_engine, read_config
+from tts_engine.settings import Settings
 from tts_engine.worker.protocol import parse_address
 from tts_engine.worker.server import WorkerServer
 
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parse_address(args.listen)
         config = read_config_line(sys.stdin.buffer) if args.config_stdin else read_config(args.config)
+        settings = Settings.from_config(config)  # checked now: a bad value stops the worker with its key
         options = json.loads(args.backend_options) if args.backend_options else None
         token = read_token(args.token_file)
     except (OSError, ValueError) as exc:
@@ -70,13 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(__name__).warning(
             "no token (--token-file / XZ_ENGINE_TOKEN): anyone who reaches %s can use this engine", args.listen
         )
-    tts = config.get("tts") or {}
-    backend = args.backend or tts.get("backend", "fake")
+    backend = args.backend or settings.tts.backend  # one default: tts_engine/settings.py
     if backend == "auto":
         backend = "cosyvoice"
-    device = args.device or tts.get("device", "auto")
+    device = args.device or settings.tts.device
     exit_on_eof = args.exit_on_stdin_eof or args.config_stdin
-    asyncio.run(_serve(backend, device, args.listen, config, options, exit_on_eof, token, args.scratch_dir))
+    asyncio.run(_serve(backend, device, args.listen, settings, options, exit_on_eof, token, args.scratch_dir))
     return 0
 
 
@@ -106,7 +107,7 @@ async def _serve(
     backend: str,
     device: str,
     listen: str,
-    config: dict,
+    config: Settings,
     options: dict | None,
     exit_on_stdin_eof: bool,
     token: str = "",

@@ -1,17 +1,18 @@
-"""Build a backend and its TTSEngine from the config's ``tts``, ``engine`` and ``gpu`` sections as plain dicts.
+"""Build a backend and its TTSEngine from the config's ``tts``, ``engine`` and ``gpu`` sections.
 
 The one place backends are built: the engine worker (``python -m tts_engine serve``) calls it with the
-config file it was given, and the gateway's in-process engine (gateway/services.py) with its validated
-config dumped to dicts. The worker must run where only torch, numpy and msgpack are installed (a GPU box
-without the gateway's web stack or pydantic), so missing keys take the same defaults as
-gateway/config.py. The file is JSON (what ``python -m gateway serve`` writes for the workers it starts)
-or YAML (a hand-written config.yaml; needs PyYAML, which CosyVoice needs anyway).
+config file (or stdin line) it was given, and the gateway's in-process engine (gateway/services.py) with
+its validated config dumped to dicts. The sections are read into :class:`tts_engine.settings.Settings`
+(plain dataclasses: the worker runs where only torch, numpy and msgpack are installed, without pydantic),
+which own every key's default. The file is JSON (what ``python -m gateway serve`` writes for the workers
+it starts) or YAML (a hand-written config.yaml; needs PyYAML, which CosyVoice needs anyway).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,10 @@ import torch
 from tts_engine.backends import Backend, create_backend
 from tts_engine.engine import TTSEngine
 from tts_engine.gpu_share import apply_engine_share
+from tts_engine.settings import Settings
+from tts_engine.text_normalization import TextNormalizer
 
-log = logging.getLogger(__name__)
-
-DEFAULT_ENGINE_MEMORY_GIB = 6.0
+Sections = Mapping[str, Any] | Settings  # the sections as plain dicts, or already read
 
 
 def read_config(path: str | None) -> dict[str, Any]:
@@ -41,15 +42,14 @@ def read_config(path: str | None) -> dict[str, Any]:
     return data
 
 
-def _section(config: dict[str, Any], name: str) -> dict[str, Any]:
-    section = config.get(name) or {}
-    return section if isinstance(section, dict) else {}
+def _settings(config: Sections) -> Settings:
+    return config if isinstance(config, Settings) else Settings.from_config(config)
 
 
 def build_backend(
     name: str,
     device: str,
-    config: dict[str, Any],
+    config: Sections,
     options: dict[str, Any] | None = None,
     *,
     own_process: bool = True,
@@ -58,9 +58,10 @@ def build_backend(
 
     ``own_process``: the engine is alone in this process (a worker), so the process is capped at the
     engine's share of the GPU plan; False when it shares the gateway's process with the ASR."""
-    tts, engine, gpu = _section(config, "tts"), _section(config, "engine"), _section(config, "gpu")
+    settings = _settings(config)
+    tts, engine, gpu = settings.tts, settings.engine, settings.gpu
     if name == "gpu-sim":
-        return create_backend(name, **{**_section(tts, "gpu_sim"), **(options or {})})
+        return create_backend(name, **{**dataclasses.asdict(tts.gpu_sim), **(options or {})})
     if name != "cosyvoice":
         return create_backend(name, **(options or {}))
     from tts_engine.backends.cosyvoice import resolve_device
@@ -69,62 +70,55 @@ def build_backend(
     device = str(resolve_device(device))
     apply_engine_share(  # the engine's share of the GPU plan, added to this process's cap
         device,
-        memory_gib=float(gpu.get("memory_gib") or 0),
-        asr_memory_gib=float(gpu.get("asr_memory_gib", 2.0)),
-        engine_gpu_memory_gib=engine.get("gpu_memory_gib"),
+        memory_gib=gpu.memory_gib,
+        asr_memory_gib=gpu.asr_memory_gib,
+        engine_gpu_memory_gib=engine.gpu_memory_gib,
         own_process=own_process,
     )
-    budget = engine.get("gpu_memory_gib")
-    if budget is None:
-        total, asr = float(gpu.get("memory_gib") or 0), float(gpu.get("asr_memory_gib", 2.0))
-        budget = (total - asr) if total else DEFAULT_ENGINE_MEMORY_GIB
     return create_backend(
         "cosyvoice",
-        model_dir=tts.get("model_dir", "models/Fun-CosyVoice3-0.5B"),
+        model_dir=tts.model_dir,
         device=device,
-        dtype=tts.get("dtype", "auto"),
-        voice_cache_dir=Path(tts.get("voices_dir", "voices")) / ".cache",
-        default_voice=tts.get("voice", "default"),
-        memory_budget=MemoryBudget.from_gib(float(budget), device),
-        max_batch_size=int(engine.get("max_batch_size", 64)),
-        max_llm_len=int(engine.get("max_llm_len", 4096)),
-        llm_backend=engine.get("llm_backend", "native"),
-        max_hop_rows=int(engine.get("max_hop_rows", 16)),
-        cuda_graphs=bool(engine.get("cuda_graphs", False)),
-        torch_compile=bool(engine.get("torch_compile", False)),
-        flow_cache=bool(engine.get("flow_cache", True)),
-        flow_cache_mib=engine.get("flow_cache_mib"),
-        flow_cache_warm=bool(engine.get("flow_cache_warm", True)),
-        final_pass=engine.get("final_pass", "exact"),
-        **({"max_prefill_rows": engine["max_prefill_rows"]} if engine.get("max_prefill_rows") else {}),
+        dtype=tts.dtype,
+        voice_cache_dir=Path(tts.voices_dir) / ".cache",
+        default_voice=tts.voice,
+        memory_budget=MemoryBudget.from_gib(settings.engine_memory_gib, device),
+        max_batch_size=engine.max_batch_size,
+        max_llm_len=engine.max_llm_len,
+        llm_backend=engine.llm_backend,
+        max_hop_rows=engine.max_hop_rows,
+        cuda_graphs=engine.cuda_graphs,
+        torch_compile=engine.torch_compile,
+        flow_cache=engine.flow_cache,
+        flow_cache_mib=engine.flow_cache_mib,
+        flow_cache_warm=engine.flow_cache_warm,
+        final_pass=engine.final_pass,
+        **({"max_prefill_rows": engine.max_prefill_rows} if engine.max_prefill_rows else {}),
         **(options or {}),
     )
 
 
 def build_engine(
-    backend_name: str, device: str, config: dict[str, Any], options: dict[str, Any] | None = None
+    backend_name: str, device: str, config: Sections, options: dict[str, Any] | None = None
 ) -> TTSEngine:
-    tts = _section(config, "tts")
-    threads = int(tts.get("cpu_threads", 0) or 0)
+    settings = _settings(config)
+    threads = settings.tts.cpu_threads
     torch.set_num_threads(threads or (torch.get_num_threads() if backend_name == "cosyvoice" else 1))
-    return engine_for_backend(build_backend(backend_name, device, config, options), config)
+    return engine_for_backend(build_backend(backend_name, device, settings, options), settings)
 
 
-def engine_for_backend(backend: Backend, config: dict[str, Any]) -> TTSEngine:
-    """The engine around ``backend``, with the ``tts``/``engine`` sections' queue limits and text normaliser."""
-    tts, engine = _section(config, "tts"), _section(config, "engine")
+def engine_for_backend(backend: Backend, config: Sections) -> TTSEngine:
+    """The engine around ``backend``, with the ``tts``/``engine`` sections' queue limits and text normaliser
+    (without wetext installed it falls back to the basic one)."""
+    settings = _settings(config)
+    tts = settings.tts
     normalizer = None
-    if not backend.reads_raw_text and tts.get("text_normalization", "wetext") != "off":
-        try:
-            from cosyvoice.text_normalization import TextNormalizer
-
-            normalizer = TextNormalizer(tts.get("text_normalization", "wetext"))
-        except ImportError as exc:  # the worker still serves, reading text as written
-            log.warning("text normalisation is off in this worker: %s", exc)
+    if not backend.reads_raw_text and tts.text_normalization != "off":
+        normalizer = TextNormalizer(tts.text_normalization)
     return TTSEngine(
         backend,
-        max_pending_requests=int(tts.get("max_pending_requests", 256)),
-        max_buffered_chunks=int(tts.get("max_buffered_chunks", 8)),
-        max_queue_wait_s=float(engine.get("max_queue_wait_s", 30)),
+        max_pending_requests=tts.max_pending_requests,
+        max_buffered_chunks=tts.max_buffered_chunks,
+        max_queue_wait_s=settings.engine.max_queue_wait_s,
         text_normalizer=normalizer,
     )

@@ -1,11 +1,13 @@
 """CosyVoice3 flow stage: speech tokens -> 80-bin mel (DiT estimator, CFM solver, token front)."""
 
 from .cfm import CausalCFM, euler_schedule, fixed_noise
-from .dit import DiT, DiTConfig, attention_mask, chunk_mask
+from .config import CFMConfig, DiTConfig, FlowConfig
+from .dit import DiT, attention_mask, chunk_mask
 from .errors import FlowCheckpointError, FlowError, FlowInputError
-from .flow import Flow, FlowConfig, PreLookaheadLayer
+from .flow import Flow, PreLookaheadLayer
 
 __all__ = [
+    "CFMConfig",
     "CausalCFM",
     "DiT",
     "DiTConfig",

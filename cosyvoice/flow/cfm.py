@@ -21,11 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .config import NOISE_FRAMES, NOISE_SEED
 from .dit import DiT, attention_mask
 from .errors import FlowInputError
-
-NOISE_SEED = 0
-NOISE_FRAMES = 15000  # 300 s at 50 frames/s: the longest prompt+target sequence
 
 
 def fixed_noise(mel_dim: int = 80, num_frames: int = NOISE_FRAMES, seed: int = NOISE_SEED) -> Tensor:

@@ -22,60 +22,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .config import DiTConfig
+
 LAYER_NORM_EPS = 1e-6
 TIME_SCALE = 1000.0
 ROPE_BASE = 10000.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DiTConfig:
-    """Structural sizes of the estimator (release: dim 1024, depth 22, heads 16, dim_head 64)."""
-
-    dim: int
-    depth: int
-    heads: int
-    dim_head: int
-    ff_dim: int
-    mel_dim: int = 80
-    mu_dim: int = 80
-    spk_dim: int = 80
-    freq_embed_dim: int = 256
-    conv_kernel: int = 31
-    conv_groups: int = 16
-    static_chunk_size: int = 50
-    num_decoding_left_chunks: int = -1
-
-    def __post_init__(self) -> None:
-        positive = ("dim", "depth", "heads", "dim_head", "ff_dim", "mel_dim", "mu_dim", "freq_embed_dim")
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ValueError(f"DiTConfig.{name} must be positive, got {getattr(self, name)}")
-        if self.dim_head % 2 or self.freq_embed_dim % 2:
-            raise ValueError("DiTConfig.dim_head and freq_embed_dim must be even")
-        if self.conv_kernel % 2 == 0 or self.dim % self.conv_groups:
-            raise ValueError("DiTConfig.conv_kernel must be odd and divide dim into conv_groups")
-        if self.static_chunk_size < 0:
-            raise ValueError("DiTConfig.static_chunk_size must be >= 0 (0 = no chunk mask)")
-
-    @property
-    def inner_dim(self) -> int:
-        return self.heads * self.dim_head
-
-    @property
-    def in_dim(self) -> int:
-        """Width of the input projection: cat[x, cond, mu, spk]."""
-        return 2 * self.mel_dim + self.mu_dim + self.spk_dim
-
-    @property
-    def modulation_dim(self) -> int:
-        """Width of one step's AdaLN vector: 6 per block plus 2 for the output norm."""
-        return (6 * self.depth + 2) * self.dim
 
 
 def chunk_mask(seq_len: int, chunk_size: int, num_left_chunks: int = -1, device=None) -> Tensor:

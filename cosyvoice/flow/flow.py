@@ -25,7 +25,6 @@ streaming=True, finalize=False)[:, :, 2 * offset:]``; the closing call uses stre
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -34,7 +33,8 @@ from torch import Tensor, nn
 
 from .cfm import CausalCFM
 from .chunk_cache import FlowRowCache
-from .dit import DiT, DiTConfig
+from .config import CFMConfig, FlowConfig
+from .dit import DiT
 from .errors import FlowInputError
 from .incremental import solve_with_caches
 from .weights import (
@@ -48,21 +48,6 @@ from .weights import (
 )
 
 LEAKY_SLOPE = 0.01
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FlowConfig:
-    """Sizes and constants of the flow (defaults: the Fun-CosyVoice3-0.5B release)."""
-
-    dit: DiTConfig
-    vocab_size: int = 6561
-    mel_dim: int = 80
-    spk_embed_dim: int = 192
-    lookahead_channels: int = 1024
-    pre_lookahead_len: int = 3
-    token_mel_ratio: int = 2
-    inference_cfg_rate: float = 0.7
-    n_timesteps: int = 10
 
 
 class PreLookaheadLayer(nn.Module):
@@ -118,9 +103,16 @@ class Flow(nn.Module):
         self.input_embedding = nn.Embedding(cfg.vocab_size, cfg.mel_dim)
         self.spk_embed_affine_layer = nn.Linear(cfg.spk_embed_dim, cfg.mel_dim)
         self.pre_lookahead_layer = PreLookaheadLayer(
-            cfg.mel_dim, cfg.lookahead_channels, cfg.pre_lookahead_len
+            cfg.mel_dim, cfg.pre_lookahead_channels, cfg.pre_lookahead_len
         )
-        self.decoder = CausalCFM(DiT(cfg.dit), inference_cfg_rate=cfg.inference_cfg_rate)
+        cfm = cfg.cfm
+        self.decoder = CausalCFM(
+            DiT(cfg.dit),
+            inference_cfg_rate=cfm.inference_cfg_rate,
+            t_scheduler=cfm.t_scheduler,
+            noise_frames=cfm.noise_frames,
+            noise_seed=cfm.noise_seed,
+        )
 
     @classmethod
     def from_state_dict(
@@ -149,10 +141,10 @@ class Flow(nn.Module):
             vocab_size=vocab_size,
             mel_dim=mel_dim,
             spk_embed_dim=reader.shape("spk_embed_affine_layer.weight")[1],
-            lookahead_channels=channels,
+            pre_lookahead_channels=channels,
             pre_lookahead_len=kernel - 1,
             token_mel_ratio=token_mel_ratio,
-            inference_cfg_rate=inference_cfg_rate,
+            cfm=CFMConfig(inference_cfg_rate=inference_cfg_rate),
         )
         flow = cls(cfg)
         with torch.no_grad():
@@ -292,7 +284,7 @@ class Flow(nn.Module):
         if caches is not None:
             skip = [0] * batch if skip_frames is None else _row_ints(skip_frames, batch, "skip_frames")
             feat = solve_with_caches(
-                self, mu, cond, spk, frames, stream, fin, p_len, f_len, list(caches), skip,
+                self.decoder, cfg, mu, cond, spk, frames, stream, fin, p_len, f_len, list(caches), skip,
                 n_timesteps=steps, cfg_rate=cfg_rate, temperature=temperature,
             )  # fmt: skip
         if feat is None:

@@ -16,7 +16,6 @@ floating point rounding.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -24,10 +23,8 @@ from torch import Tensor
 
 from .cfm import CausalCFM
 from .chunk_cache import CacheKey, ChunkSegment, FlowRowCache, segment_bytes
+from .config import FlowConfig
 from .dit import LAYER_NORM_EPS, DiT, apply_head0_rope_
-
-if TYPE_CHECKING:
-    from .flow import Flow
 
 __all__ = ["solve_cached", "solve_with_caches"]
 
@@ -243,7 +240,8 @@ def solve_cached(
 
 
 def solve_with_caches(
-    flow: Flow,
+    cfm: CausalCFM,
+    cfg: FlowConfig,
     mu: Tensor,
     cond: Tensor,
     spk: Tensor,
@@ -266,15 +264,14 @@ def solve_with_caches(
     frame, ``prompt_frames[b] + skip[b]``); non-final streaming rows keep their new complete chunks, split
     at the end of the prompt's voice-only chunks when the stream may offer them as its voice's prefix.
     """
-    cfm = flow.decoder
     dit = cfm.estimator
     chunk = dit.cfg.static_chunk_size
-    if chunk <= 0 or dit.cfg.num_decoding_left_chunks >= 0 or chunk % flow.cfg.token_mel_ratio:
+    if chunk <= 0 or dit.cfg.num_decoding_left_chunks >= 0 or chunk % cfg.token_mel_ratio:
         return None  # limited left context or odd chunks: nothing here is reusable as built
     rate = cfm.inference_cfg_rate if cfg_rate is None else float(cfg_rate)
     device, dtype = mu.device, dit.modulation.weight.dtype
     key = CacheKey(id(dit), n_timesteps, rate, float(temperature), dtype, device)
-    ratio, lookahead = flow.cfg.token_mel_ratio, flow.cfg.pre_lookahead_len
+    ratio, lookahead = cfg.token_mel_ratio, cfg.pre_lookahead_len
     copies = 2 if rate != 0.0 else 1
     element = torch.empty((), dtype=dtype).element_size()
     batch = mu.shape[0]

@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .dit import DiT, DiTConfig
+from .config import DiTConfig
+from .dit import DiT
 from .errors import FlowCheckpointError
 
 ESTIMATOR_PREFIX = "decoder.estimator."

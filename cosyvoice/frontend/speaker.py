@@ -21,7 +21,7 @@ from torch import Tensor
 from cosyvoice.frontend.features import flow_mel
 from cosyvoice.frontend.onnx import MAX_PROMPT_SECONDS
 from cosyvoice.frontend.resample import resample
-from cosyvoice.text import zero_shot_prompt
+from cosyvoice.text.prompt import zero_shot_prompt
 
 __all__ = ["MIN_PROMPT_SAMPLE_RATE", "SpeakerError", "SpeakerRecord", "prepare_speaker"]
 

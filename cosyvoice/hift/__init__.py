@@ -6,14 +6,16 @@ from cosyvoice.hift.buffers import (
     official_flow_noise,
     official_hift_rng_state,
 )
+from cosyvoice.hift.config import HiFTConfig
 from cosyvoice.hift.errors import HiftError, HiftInputError
 from cosyvoice.hift.generator import CausalHift, HiftOutput
-from cosyvoice.hift.loading import fold_hift_state, load_hift, official_hift_buffers
+from cosyvoice.hift.loading import fold_hift_state
 from cosyvoice.hift.source import PhaseResume
 from cosyvoice.hift.stream import HiftStreamState, vocode_streams
 
 __all__ = [
     "CausalHift",
+    "HiFTConfig",
     "HiftError",
     "HiftInputError",
     "HiftNoiseBuffers",
@@ -22,9 +24,7 @@ __all__ = [
     "PhaseResume",
     "fold_hift_state",
     "hift_buffers_from_rng_state",
-    "load_hift",
     "official_flow_noise",
-    "official_hift_buffers",
     "official_hift_rng_state",
     "vocode_streams",
 ]

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cosyvoice.config import HiFTConfig
 from cosyvoice.hift.buffers import HiftNoiseBuffers
+from cosyvoice.hift.config import HiFTConfig
 from cosyvoice.hift.errors import HiftInputError
 from cosyvoice.hift.f0 import F0Predictor
 from cosyvoice.hift.layers import CausalConv1d, DownsampleConv1d, ResBlock, UpsampleConv1d
@@ -46,7 +46,7 @@ def _resblock_reach(block: ResBlock) -> int:
 class CausalHift(nn.Module):
     """The vocoder; parameter names follow ``hift.pt`` after weight-norm folding (see loading.py).
 
-    ``buffers`` are the fixed noise buffers (:func:`cosyvoice.hift.official_hift_buffers` for a release
+    ``buffers`` are the fixed noise buffers (:func:`cosyvoice.pretrained.official_hift_buffers` for a release
     model). The module holds no per-request state: streaming state lives in
     :class:`cosyvoice.hift.HiftStreamState`.
     """
@@ -144,8 +144,9 @@ class CausalHift(nn.Module):
         (magnitude, phase), each [B, n_fft // 2 + 1, F].
 
         Pure tensor code with no per-row lengths and no host syncs (the ``torch.compile`` target of
-        :mod:`cosyvoice.compile`). Every conv but ``conv_pre`` is causal and ``conv_pre`` looks ahead
-        into zero padding, so zero frames appended on the right leave the first F output frames unchanged.
+        :mod:`cosyvoice.token2wav.compile`). Every conv but ``conv_pre`` is causal and ``conv_pre`` looks
+        ahead into zero padding, so zero frames appended on the right leave the first F output frames
+        unchanged.
         """
         x = self.conv_pre(mel.to(self.dtype))  # [B, base, T]
         slope = self.config.lrelu_slope

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from cosyvoice.config import CosyVoice3Config, load_config
-from cosyvoice.tokenizer import CosyVoice3Tokenizer
+from cosyvoice.text.tokenizer import CosyVoice3Tokenizer
 
 __all__ = ["Handler", "ParityContext", "discover_handlers"]
 

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from cosyvoice.flow import Flow
+from cosyvoice.pretrained import load_flow
 
 FIRST_HOP = 25  # tokens; must equal the DiT chunk (50 frames) / token_mel_ratio
 MAX_HOP = 100
@@ -17,14 +18,7 @@ HOP_SCALE = 2
 
 def _flow(ctx: Any) -> Flow:
     if "flow" not in ctx.cache:
-        config = ctx.config
-        ctx.cache["flow"] = Flow.from_pretrained(
-            config.files.flow,
-            static_chunk_size=config.flow.dit.static_chunk_size,
-            num_decoding_left_chunks=config.flow.dit.num_decoding_left_chunks,
-            token_mel_ratio=config.flow.token_mel_ratio,
-            inference_cfg_rate=config.flow.cfm.inference_cfg_rate,
-        ).to(ctx.device)
+        ctx.cache["flow"] = load_flow(ctx.config, device=ctx.device)
     return ctx.cache["flow"]
 
 

@@ -7,19 +7,14 @@ from typing import Any
 
 import torch
 
-from cosyvoice.hift import (
-    CausalHift,
-    hift_buffers_from_rng_state,
-    load_hift,
-    official_flow_noise,
-    official_hift_buffers,
-)
+from cosyvoice.hift import CausalHift, hift_buffers_from_rng_state, official_flow_noise
+from cosyvoice.pretrained import load_hift, official_hift_buffers
 
 
 def hift_model(ctx: Any) -> CausalHift:
     """The vocoder of the fixture model, built once per run (shared with the token2wav handler)."""
     if "hift" not in ctx.cache:
-        ctx.cache["hift"] = load_hift(ctx.model_dir, config=ctx.config, device=ctx.device)
+        ctx.cache["hift"] = load_hift(ctx.config, device=ctx.device)
     return ctx.cache["hift"]
 
 

@@ -8,12 +8,13 @@ from typing import Any
 import torch
 
 from cosyvoice.llm import CosyVoice3LM, LengthRule, LLMPrompt, LLMRequest, generate
-from cosyvoice.sampling import RasParams
+from cosyvoice.llm.sampling import RasParams
+from cosyvoice.pretrained import load_llm
 
 
 def _model(ctx: Any) -> CosyVoice3LM:
     if "llm" not in ctx.cache:
-        ctx.cache["llm"] = CosyVoice3LM.from_model_dir(ctx.model_dir)
+        ctx.cache["llm"] = load_llm(ctx.model_dir)
     return ctx.cache["llm"]
 
 

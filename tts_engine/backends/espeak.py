@@ -40,6 +40,7 @@ from typing import IO
 import numpy as np
 
 from tts_engine.backends.base import Backend, BackendStream
+from tts_engine.budget import UNCAPPED, StepBudget
 from tts_engine.errors import EngineError
 
 AUTO_VOICE = "auto"
@@ -176,8 +177,10 @@ class EspeakStream(BackendStream):
             self.close()
             raise EspeakError(f"espeak-ng did not finish within {self._timeout_s:g} s") from exc
         if returncode != 0:
-            self._stderr.seek(0)
-            message = self._stderr.read().decode("utf-8", "replace").strip()
+            message = ""
+            if self._stderr is not None:
+                self._stderr.seek(0)
+                message = self._stderr.read().decode("utf-8", "replace").strip()
             raise EspeakError(f"espeak-ng exited with status {returncode}: {message or 'no message'}")
         self._stdout.seek(0)
         pcm, rate = decode_wav(self._stdout.read())
@@ -307,7 +310,8 @@ class EspeakBackend(Backend):
         espeak_voice = resolve_voice(self._voice_map[voice], text)
         return [self.executable, "--stdout", "-v", espeak_voice, "-s", str(self.wpm_for(speed))]
 
-    def open_stream(self, text: str, voice: str, speed: float) -> EspeakStream:
+    def open_stream(self, text: str, voice: str, speed: float, instruct: str | None = None) -> EspeakStream:
+        """``instruct`` is never passed (no ``supports_instruct``); the signature is the contract's."""
         return EspeakStream(
             self.command_for(text, voice, speed),
             text,
@@ -316,7 +320,9 @@ class EspeakBackend(Backend):
             timeout_s=self.timeout_s,
         )
 
-    def step(self, streams: list[BackendStream]) -> list[np.ndarray | None | BaseException]:
+    def step(
+        self, streams: list[BackendStream], budget: StepBudget = UNCAPPED
+    ) -> list[np.ndarray | None | BaseException]:
         """One chunk for every stream whose audio is ready, an empty chunk for the others.
 
         ``streams`` come in the engine's order (least playback slack first), which is the order their
@@ -356,8 +362,8 @@ class EspeakBackend(Backend):
         """Block until one of the processes exits, the earliest deadline passes or :meth:`wake` is
         called; returns whether it was woken."""
         timeout_s = max(0.0, min(s.deadline for s in streams) - time.monotonic())
-        fds = [s.pidfd for s in streams]
-        if any(fd is None for fd in fds):  # no pidfd on this OS: wait for the oldest process
+        fds = [s.pidfd for s in streams if s.pidfd is not None]
+        if len(fds) < len(streams):  # no pidfd on this OS: wait for the oldest process
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc = streams[0]._proc
                 if proc is not None:

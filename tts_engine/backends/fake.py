@@ -29,7 +29,9 @@ def _tone_table(f0: float, sample_rate: int) -> np.ndarray:
     otherwise the phase jumps once a second, which is fine for a fake voice."""
     n = np.arange(sample_rate, dtype=np.float64)
     phase = (2.0 * math.pi * f0 / sample_rate) * n
-    wave = sum(amp * np.sin(mult * phase) for mult, amp in _HARMONICS)
+    wave = np.zeros_like(phase)
+    for mult, amp in _HARMONICS:
+        wave += amp * np.sin(mult * phase)
     wave *= _AMPLITUDE / sum(amp for _, amp in _HARMONICS)
     table = wave.astype(np.float32)
     table.flags.writeable = False  # shared by every stream of this voice
@@ -151,7 +153,8 @@ class FakeBackend(Backend):
         """How many samples ``text`` produces at ``speed``."""
         return round(max(1, len(text)) * self.ms_per_char / speed * self.sample_rate / 1000)
 
-    def open_stream(self, text: str, voice: str, speed: float) -> FakeStream:
+    def open_stream(self, text: str, voice: str, speed: float, instruct: str | None = None) -> FakeStream:
+        """``instruct`` is never passed (no ``supports_instruct``); the signature is the contract's."""
         if voice not in self._voices:
             raise ValueError(f"unknown voice {voice!r}")
         if speed <= 0:

@@ -16,7 +16,6 @@ The audio is the fake backend's tone (same voices, pitches, lengths and ``fail_o
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -82,28 +81,17 @@ class GpuSimBackend(FakeBackend):
         python_ms: float = 5.0,
         chunk_ms: int = 40,
         hop_chunks: int = 5,
-        ms_per_char: float = 80.0,
         max_batch_size: int = 128,
-        fail_on: str | None = None,
-        fail_after_chunks: int = 0,
-        voices: Sequence[str] = ("default",),
+        **tone: Any,
     ) -> None:
-        super().__init__(
-            sample_rate,
-            chunk_ms=chunk_ms,
-            ms_per_char=ms_per_char,
-            fail_on=fail_on,
-            fail_after_chunks=fail_after_chunks,
-            voices=voices,
-        )
-        if step_ms < 0:
-            raise ValueError(f"step_ms must be >= 0, got {step_ms}")
-        if python_ms < 0:
-            raise ValueError(f"python_ms must be >= 0, got {python_ms}")
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        if hop_chunks < 1:
-            raise ValueError(f"hop_chunks must be >= 1, got {hop_chunks}")
+        """``tone``: the fake backend's options for the audio (``ms_per_char``, ``fail_on``, ``voices``)."""
+        super().__init__(sample_rate, chunk_ms=chunk_ms, **tone)
+        for name, value, least in (
+            ("step_ms", step_ms, 0), ("python_ms", python_ms, 0), ("max_batch_size", max_batch_size, 1),
+            ("hop_chunks", hop_chunks, 1),
+        ):  # fmt: skip
+            if value < least:
+                raise ValueError(f"{name} must be >= {least}, got {value}")
         self.hop_chunks = hop_chunks
         self.step_ms = step_ms
         self.python_ms = python_ms

@@ -3,20 +3,18 @@
 One ``step(streams, budget)`` call advances every given request by one scheduler step: a batched LLM
 decode (and prefill: at most the budget's ``prefill_rows`` new segments) step, then the ready token2wav
 hops in one flow + vocoder batch of at most the budget's ``hop_rows`` rows, taken in the order the
-engine ranked the streams
-(tts_engine/backends/cosyvoice/step.py). Each request gets the audio its hop produced (float32,
+engine ranked the streams (step.py). Each request gets the audio its hop produced (float32,
 24 kHz), an empty array while nothing is ready, ``None`` once its last sample was delivered, or the
 exception that failed it; one bad request does not fail its neighbours.
 
-Voices come from presets (``add_voice``): the prompt recording is turned into a ``SpeakerRecord`` once
-and cached on disk (``voice_cache_dir``, safetensors), so a request costs no I/O. Modes per request:
+Voices come from presets (``add_voice``), their recordings prepared once and cached on disk in
+``voice_cache_dir`` (tts_engine/backends/cosyvoice/voices.py). Modes per request:
 zero-shot (the preset's transcript + prompt speech tokens in the LLM prompt) and instruct (an
 instruction from the request or the preset; the LLM sees no prompt speech). The flow always gets the
 speaker's prompt tokens, mel and x-vector. A preset needs its transcript (``prompt_text``).
 
-Sampling: each text segment gets its own CPU ``torch.Generator``. With ``seed`` set it is seeded from
-the seed and the segment's content, so a request's audio does not depend on what shares its batch;
-without it, from fresh randomness.
+Sampling: each text segment gets its own CPU ``torch.Generator``, seeded from ``seed`` and the
+segment's content (its audio does not depend on what shares its batch), else from fresh randomness.
 
 Admission: ``limits()`` declares the KV slots as ``max_streams`` (and ``max_prefill_rows``,
 ``max_hop_rows`` as the per-step caps); the engine's scheduler opens at most that many streams at once
@@ -27,27 +25,27 @@ to int16 there, in one batch per step.
 ``speed != 1`` follows upstream: that request is synthesised offline (full-attention flow once the LLM
 is done) and its mel is time-scaled by linear interpolation; its first audio comes later.
 
-Memory: the KV cache holds ``max_batch_size`` slots of ``max_llm_len`` positions (see
-``kv_cache_bytes``). With a ``memory_budget`` the slot count is planned from it (tts_engine/memory.py):
-weights measured, an activation reserve per row, the rest KV slots, at most ``max_batch_size``.
+Memory: the KV cache holds ``max_batch_size`` slots of ``max_llm_len`` positions; with a
+``memory_budget`` the slot count is planned from it (runtime.py, tts_engine/memory.py), at most
+``max_batch_size``.
 
 CUDA graphs (``cuda_graphs=True``, CUDA and the native LLM only): the decode step runs as
-``cosyvoice.graph_decode.GraphDecodeRunner``, one graph per (batch bucket, KV length bucket), all
-captured at start-up; its scratch KV slot is planned with the weights, and its graph pool (one decode
-step's activations, far below a flow hop's) fits the per-row reserve. Elsewhere the flag is ignored with
-a warning. Not yet measured on a GPU, hence off by default.
+``cosyvoice.llm.graph_decode.GraphDecodeRunner``, one graph per (batch bucket, KV length bucket), all
+captured at start-up; its graph pool (one decode step's activations, far below a flow hop's) fits the
+per-row reserve. Elsewhere the flag is ignored with a warning. Not yet measured on a GPU, hence off.
 
 Flow cache (``flow_cache=True``, the default): complete flow chunks are computed once and reused
 (cosyvoice/flow/chunk_cache.py): each voice's prompt chunks that depend on the voice alone (computed
 when the voice is added, ``flow_cache_warm=True``, else taken from its first stream; shared by every
-later one, dropped when the voice is removed or overwritten) and each stream's own chunks across its hops. Exact up to floating point rounding. Its bytes come from the
-memory plan (``flow_cache_mib``, else what the plan leaves; ``DEFAULT_FLOW_CACHE_MIB`` without a
-budget); least recently used voice prefixes are evicted first, and a stream that finds no room
-recomputes. ``final_pass="streaming"`` keeps the chunk mask for a request's closing flow call too, so
-that call computes only its new frames (not upstream's numbers: docs/gpu-sharing.md says how far).
+later one, dropped when the voice is removed or overwritten) and each stream's own chunks across its
+hops. Exact up to floating point rounding. Its bytes come from the memory plan (``flow_cache_mib``,
+else what the plan leaves; 2 GiB without a budget); least recently used voice prefixes are evicted
+first, and a stream that finds no room recomputes. ``final_pass="streaming"`` keeps the chunk mask for
+a request's closing flow call too, so that call computes only its new frames (not upstream's numbers:
+docs/gpu-sharing.md says how far).
 
 ``torch_compile=True`` compiles the flow estimator's step and the vocoder with inductor
-(``cosyvoice.compile.compile_token2wav``; the first hops of each shape class pay the compile).
+(``cosyvoice.token2wav.compile``; the first hops of each shape class pay the compile).
 
 Benchmarks: ``fixed_llm_tokens=N`` makes every text segment generate exactly N speech tokens (stop
 tokens masked until N, stop at N), so random weights do the work of real speech.
@@ -56,11 +54,7 @@ tokens masked until N, stop at N), so random weights do the work of real speech.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
-import os
-import secrets
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -70,22 +64,39 @@ import torch
 
 from cosyvoice.flow.chunk_cache import FlowCacheManager
 from cosyvoice.flow.errors import FlowError
-from cosyvoice.frontend.speaker import SpeakerError, SpeakerRecord
-from cosyvoice.graph_decode import GraphDecodeRunner
-from cosyvoice.llm import LLMInputError, LLMRequest, LLMRunner
-from cosyvoice.model import CosyVoice3, ModelFilesError
-from cosyvoice.text import TextError, prepare_tts_texts
-from cosyvoice.token2wav import SpeakerPrompt
+from cosyvoice.frontend.speaker import SpeakerError
+from cosyvoice.llm import LLMInputError
+from cosyvoice.model import CosyVoice3
+from cosyvoice.text.prompt import TextError, prepare_tts_texts
 from tts_engine.backends.base import Backend
 from tts_engine.backends.cosyvoice.flow_warm import warm_voice_prefix
-from tts_engine.backends.cosyvoice.request import CosyVoiceStream, Segment, SpeedScaledStream
+from tts_engine.backends.cosyvoice.request import (
+    CosyVoiceStream,
+    Segment,
+    SpeedScaledStream,
+    fit_kv_slot,
+    segment_seed,
+)
+from tts_engine.backends.cosyvoice.runtime import (
+    kv_cache_bytes,
+    load_model,
+    make_flow_cache,
+    make_runner,
+    plan_memory,
+)
 from tts_engine.backends.cosyvoice.step import BatchedStep
+from tts_engine.backends.cosyvoice.voices import (
+    PreparedVoice,
+    model_fingerprint,
+    prepare_record,
+    preset_record,
+)
 from tts_engine.budget import BackendLimits, StepBudget
 from tts_engine.errors import EngineError
-from tts_engine.memory import MemoryBudget, MemoryPlan, estimate_activation_bytes_per_row, module_bytes
-from tts_engine.voices import PromptAudio, VoiceError, VoicePreset, decode_prompt_wav, preset_cache_path
+from tts_engine.memory import MemoryBudget, MemoryPlan, module_bytes
+from tts_engine.voices import PromptAudio, VoiceError, VoicePreset
 
-__all__ = ["CosyVoiceBackend", "kv_cache_bytes"]
+__all__ = ["SAMPLE_RATE", "CosyVoiceBackend"]
 
 log = logging.getLogger(__name__)
 
@@ -93,64 +104,6 @@ SAMPLE_RATE = 24000
 DEFAULT_MAX_BATCH = 16
 DEFAULT_MAX_LLM_LEN = 4096
 DEFAULT_MAX_TEXT_CHARS = 2000
-DEFAULT_FLOW_CACHE_MIB = 2048  # flow cache without a memory budget
-MIB = 1 << 20
-
-
-_DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16,
-}  # fmt: skip
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``None``/``"auto"``: CUDA when torch sees a GPU, else the CPU."""
-    if device is None or device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """``"auto"`` is float32 everywhere: the reduced-precision numerics are not checked against upstream."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        return torch.float32
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be auto, {', '.join(_DTYPES)} or a torch.dtype, got {dtype!r}")
-    return _DTYPES[dtype]
-
-
-def kv_cache_bytes(model: CosyVoice3, *, max_batch: int, max_len: int) -> int:
-    """Bytes of the LLM KV cache for ``max_batch`` slots of ``max_len`` positions (the memory seam)."""
-    cfg = model.llm.config
-    per_position = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim  # keys + values
-    element = model.llm.speech_embedding.weight.element_size()
-    return max_batch * (max_len + 1) * per_position * element
-
-
-def model_fingerprint(model: CosyVoice3) -> str:
-    """Identifies the files a prepared voice depends on (frontend ONNX models, tokenizer)."""
-    files = model.config.files
-    parts = []
-    for path in (
-        files.campplus,
-        files.speech_tokenizer,
-        files.blank_en / "vocab.json",
-        files.blank_en / "merges.txt",
-    ):
-        parts.append(f"{path.name}:{path.stat().st_size if path.is_file() else -1}")
-    return "cosyvoice3-speaker/1;" + ";".join(parts)
-
-
-class _Voice:
-    """A prepared voice: its speaker record and flow prompt, built once."""
-
-    def __init__(self, model: CosyVoice3, record: SpeakerRecord, instruct: str | None) -> None:
-        self.record = record
-        self.instruct = instruct
-        self.flow_prompt: SpeakerPrompt = model.speaker_prompt(record)
 
 
 class CosyVoiceBackend(Backend):
@@ -200,14 +153,8 @@ class CosyVoiceBackend(Backend):
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ValueError(f"seed must be an int or None, got {seed!r}")
         if model is None:
-            if model_dir is None:
-                raise ValueError("give model_dir (or an already loaded model)")
-            model = CosyVoice3.from_pretrained(
-                model_dir,
-                device=resolve_device(device),
-                dtype=resolve_dtype(dtype),
-                use_rl_llm=use_rl_llm,
-                max_seconds=max_segment_seconds,
+            model = load_model(
+                model_dir, device=device, dtype=dtype, use_rl_llm=use_rl_llm, max_seconds=max_segment_seconds
             )
         if fixed_llm_tokens is not None and (isinstance(fixed_llm_tokens, bool) or fixed_llm_tokens < 1):
             raise ValueError(f"fixed_llm_tokens must be a positive int or None, got {fixed_llm_tokens!r}")
@@ -221,22 +168,17 @@ class CosyVoiceBackend(Backend):
         if cuda_graphs and not self.cuda_graphs:
             log.warning("engine.cuda_graphs needs the native LLM on a CUDA device; running without graphs")
         if memory_budget is not None:
-            fixed_bytes = self.weights_bytes
-            if self.cuda_graphs:  # the static decode step's scratch KV slot (its activations fit the reserve)
-                fixed_bytes += kv_cache_bytes(model, max_batch=1, max_len=max_llm_len)
-            self.memory_plan = memory_budget.plan(
-                weights_bytes=fixed_bytes,
-                kv_bytes_per_slot=kv_cache_bytes(model, max_batch=1, max_len=max_llm_len),
-                activation_bytes_per_row=estimate_activation_bytes_per_row(
-                    model, model.llm.speech_embedding.weight.element_size()
-                ),
+            self.memory_plan = plan_memory(
+                model,
+                memory_budget,
+                weights_bytes=self.weights_bytes,
+                cuda_graphs=self.cuda_graphs,
+                max_llm_len=max_llm_len,
                 max_batch_size=max_batch_size,
-                flow_cache_bytes=(
-                    0 if not flow_cache else None if flow_cache_mib is None else int(flow_cache_mib * MIB)
-                ),
+                flow_cache=flow_cache,
+                flow_cache_mib=flow_cache_mib,
             )
             max_batch_size = self.memory_plan.num_slots
-            log.info("cosyvoice memory plan: %s", self.memory_plan)
         self.max_batch_size = max_batch_size
         self._limits = BackendLimits(
             max_streams=max_batch_size,
@@ -249,41 +191,25 @@ class CosyVoiceBackend(Backend):
         self.seed = seed
         self.voice_cache_dir = None if voice_cache_dir is None else Path(voice_cache_dir)
         self._preferred_voice = default_voice
-        self._voices: dict[str, _Voice] = {}
+        self._voices: dict[str, PreparedVoice] = {}
         self._streams: set[int] = set()  # ids of open streams (debugging/metrics)
-        if llm_backend == "vllm":  # optional extra (pip install .[vllm]), imported only when chosen
-            from tts_engine.backends.cosyvoice.llm_vllm import VLLMRunner
-
-            self.runner = VLLMRunner.from_model_dir(
-                model.llm,
-                model.config.files.model_dir,
-                use_rl_llm=use_rl_llm,
-                max_batch=max_batch_size,
-                max_len=max_llm_len,
-                dtype=str(model.llm.speech_embedding.weight.dtype).removeprefix("torch."),
-            )
-        elif self.cuda_graphs:
-            self.runner = GraphDecodeRunner(
-                model.llm, max_batch=max_batch_size, max_len=max_llm_len, use_cuda_graphs=True
-            )
-            self.runner.warmup()  # every (batch, kv length) bucket captured now, not on a live step
-            log.info("cosyvoice decode step: %d CUDA graphs captured", self.runner.num_graphs)
-        else:
-            self.runner = LLMRunner(model.llm, max_batch=max_batch_size, max_len=max_llm_len)
+        self.runner = make_runner(
+            model,
+            llm_backend=llm_backend,
+            cuda_graphs=self.cuda_graphs,
+            use_rl_llm=use_rl_llm,
+            max_batch=max_batch_size,
+            max_len=max_llm_len,
+        )
         self.compiled = None
-        if torch_compile:  # the DiT step and the vocoder through inductor (cosyvoice/compile.py)
-            from cosyvoice.compile import compile_token2wav
+        if torch_compile:  # the DiT step and the vocoder through inductor (cosyvoice/token2wav/compile.py)
+            from cosyvoice.token2wav.compile import compile_token2wav
 
             self.compiled = compile_token2wav(model.token2wav, backend="inductor")
         self.stepper = BatchedStep(self.runner, model.token2wav)
         self.flow_cache: FlowCacheManager | None = None
         if flow_cache:
-            if self.memory_plan is not None:
-                limit = self.memory_plan.flow_cache_bytes
-            else:
-                limit = int((DEFAULT_FLOW_CACHE_MIB if flow_cache_mib is None else flow_cache_mib) * MIB)
-            self.flow_cache = FlowCacheManager(limit)
-            log.info("cosyvoice flow cache: %.0f MiB", limit / MIB)
+            self.flow_cache = make_flow_cache(self.memory_plan, flow_cache_mib)
         self.flow_cache_warm = bool(flow_cache_warm)  # fill a voice's prefix in add_voice
         self.final_pass = final_pass  # both per stream: the model may be shared by several backends
 
@@ -299,29 +225,17 @@ class CosyVoiceBackend(Backend):
         return min(self._voices)
 
     def add_voice(self, preset: VoicePreset) -> None:
-        if preset.prompt_wav is None or not preset.prompt_text.strip():
-            raise VoiceError(f"voice {preset.name!r}: the cosyvoice backend needs prompt_wav and prompt_text")
-        cache = None
-        if self.voice_cache_dir is not None:
-            cache = preset_cache_path(preset, self.voice_cache_dir, key=self.fingerprint)
-        record = self._load_cached(cache)
-        if record is None:
-            try:
-                data = preset.prompt_wav.read_bytes()
-            except OSError as exc:
-                raise VoiceError(f"voice {preset.name!r}: cannot read {preset.prompt_wav}: {exc}") from exc
-            record = self._prepare(decode_prompt_wav(data, source=str(preset.prompt_wav)), preset.prompt_text)
-            if cache is not None:
-                _save_record(record, cache)
+        """The preset's speaker record (from the voice cache, else prepared and cached; voices.py)."""
+        record = preset_record(self.model, preset, self.voice_cache_dir, self.fingerprint)
         try:
-            voice = _Voice(self.model, record, preset.instruct)
+            voice = PreparedVoice(self.model, record, preset.instruct)
         except SpeakerError as exc:
             raise VoiceError(f"voice {preset.name!r}: {exc}") from exc
         self._forget_flow_prefix(self._voices.get(preset.name))  # overwritten: its prefix is stale
         self._voices[preset.name] = voice
         self._warm_flow_prefix(preset.name, voice)
 
-    def _warm_flow_prefix(self, name: str, voice: _Voice) -> None:
+    def _warm_flow_prefix(self, name: str, voice: PreparedVoice) -> None:
         """Compute the voice's cached prompt chunks now, so its first request does not (flow_warm.py)."""
         if self.flow_cache is None or not self.flow_cache_warm:
             return
@@ -336,26 +250,10 @@ class CosyVoiceBackend(Backend):
             raise VoiceError(f"voice {name!r} is not loaded in the cosyvoice backend")
         self._forget_flow_prefix(voice)
 
-    def _forget_flow_prefix(self, voice: _Voice | None) -> None:
+    def _forget_flow_prefix(self, voice: PreparedVoice | None) -> None:
         """Drop a voice's cached prompt chunks (streams already using them keep their reference)."""
         if voice is not None and self.flow_cache is not None:
             self.flow_cache.drop_voice(voice.flow_prompt)
-
-    def _load_cached(self, path: Path | None) -> SpeakerRecord | None:
-        if path is None or not path.is_file():
-            return None
-        try:
-            return SpeakerRecord.load(path)
-        except SpeakerError as exc:
-            log.warning("ignoring a bad cached voice (%s); preparing it again", exc)
-            return None
-
-    def _prepare(self, audio: PromptAudio, transcript: str) -> SpeakerRecord:
-        wave = torch.from_numpy(audio.samples)  # [N]
-        try:
-            return self.model.prepare_speaker(wave, audio.sample_rate, transcript)
-        except (SpeakerError, ModelFilesError, ValueError) as exc:
-            raise VoiceError(f"cannot prepare the prompt recording: {exc}") from exc
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -371,15 +269,22 @@ class CosyVoiceBackend(Backend):
         self, text: str, prompt: PromptAudio, prompt_text: str, speed: float, instruct: str | None = None
     ) -> CosyVoiceStream:
         try:
-            prepared = _Voice(self.model, self._prepare(prompt, prompt_text), None)
+            prepared = PreparedVoice(self.model, prepare_record(self.model, prompt, prompt_text), None)
         except SpeakerError as exc:
             raise VoiceError(f"zero-shot prompt: {exc}") from exc
         return self._open(text, prepared, speed, instruct, "zero-shot")
 
     def _open(
-        self, text: str, voice: _Voice, speed: float, instruct: str | None, name: str, *, shared: bool = False
+        self,
+        text: str,
+        voice: PreparedVoice,
+        speed: float,
+        instruct: str | None,
+        name: str,
+        *,
+        shared: bool = False,
     ) -> CosyVoiceStream:
-        if len(text) > self.max_text_chars:
+        if self.max_text_chars is not None and len(text) > self.max_text_chars:
             raise ValueError(f"text is {len(text)} characters, the limit is {self.max_text_chars}")
         if speed <= 0:
             raise ValueError(f"speed must be positive, got {speed}")
@@ -393,14 +298,15 @@ class CosyVoiceBackend(Backend):
         for piece in pieces:
             try:
                 prompt = model.build_llm_prompt(piece, voice.record, mode, instruct or None)
-                generator = torch.Generator(device="cpu").manual_seed(self._seed_for(piece, name, instruct))
+                seed = segment_seed(self.seed, piece, name, instruct)
+                generator = torch.Generator(device="cpu").manual_seed(seed)
                 llm = model.new_llm_request(prompt, generator=generator, num_prompt_tokens=num_prompt)
                 if self.fixed_llm_tokens is not None:
                     llm.lengths = dataclasses.replace(llm.lengths, mask_all_stops_before_min=True)
                     llm.min_len = llm.max_len = self.fixed_llm_tokens
             except (TextError, LLMInputError, SpeakerError) as exc:
                 raise ValueError(f"cannot synthesise {piece[:40]!r}: {exc}") from exc
-            self._fit_cache(llm)
+            fit_kv_slot(llm, self.max_llm_len)
             t2w = model.token2wav
             if speed == 1:
                 wave = t2w.stream(
@@ -412,24 +318,6 @@ class CosyVoiceBackend(Backend):
         stream = CosyVoiceStream(owner=self, segments=segments, on_close=self._close_stream, voice=name)
         self._streams.add(id(stream))
         return stream
-
-    def _seed_for(self, piece: str, voice: str, instruct: str | None) -> int:
-        """Per-segment sampling seed: from ``seed`` and the content (batch-independent), else random."""
-        if self.seed is None:
-            return secrets.randbits(63)
-        key = f"{self.seed}\0{voice}\0{instruct or ''}\0{piece}".encode()
-        return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") >> 1
-
-    def _fit_cache(self, llm: LLMRequest) -> None:
-        """Cap the generation length so the request fits one KV cache slot; refuse a prefix that cannot."""
-        room = self.max_llm_len - llm.num_prefix_tokens + 1
-        if room < 1:
-            raise ValueError(
-                f"text segment needs {llm.num_prefix_tokens} prompt positions; the KV cache holds "
-                f"{self.max_llm_len} per request (shorten the text or the voice's prompt)"
-            )
-        llm.max_len = min(llm.max_len, room)
-        llm.min_len = min(llm.min_len, llm.max_len)
 
     def _close_stream(self, stream: CosyVoiceStream) -> None:
         for segment in stream.segments:
@@ -508,15 +396,3 @@ class CosyVoiceBackend(Backend):
         if self.flow_cache is not None:
             self.flow_cache.clear()
 
-
-def _save_record(record: SpeakerRecord, path: Path) -> None:
-    """Write a speaker record atomically (a crash never leaves half a cache file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        record.save(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

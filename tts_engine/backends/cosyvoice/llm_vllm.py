@@ -9,7 +9,7 @@ skip_tokenizer_init=True)``, ``LLMEngine.add_request(id, {"prompt_embeds": [L, H
 Role: a drop-in for :class:`cosyvoice.llm.LLMRunner` in the CosyVoice backend - ``prefill`` admits
 :class:`~cosyvoice.llm.LLMRequest` objects, ``decode_step`` returns each given request's next token as a
 :class:`~cosyvoice.llm.StepOutput`, ``abort`` drops one. The engine runs the exported speech-only Qwen2
-(:func:`cosyvoice.export_hf.export_qwen2_hf`, written to ``<model_dir>/vllm`` on first use); the
+(:func:`cosyvoice.tools.export_hf.export_qwen2_hf`, written to ``<model_dir>/vllm`` on first use); the
 prompt (sos, text, task_id, prompt speech) is embedded by our own model and passed as prompt embeddings.
 
 vLLM advances *every* running request on each ``step()``, while the backend asks per call for the
@@ -45,7 +45,6 @@ from typing import Any
 
 import torch
 
-from cosyvoice.export_hf import export_qwen2_hf, read_export_info
 from cosyvoice.llm import (
     CosyVoice3LM,
     LLMRequest,
@@ -53,6 +52,7 @@ from cosyvoice.llm import (
     check_new_requests,
     check_running_requests,
 )
+from cosyvoice.tools.export_hf import export_qwen2_hf, read_export_info
 
 __all__ = ["VLLMRunner", "VLLMRunnerError", "VLLMUnavailableError", "default_export_dir", "ensure_export"]
 
@@ -96,7 +96,7 @@ def ensure_export(model_dir: str | Path, *, use_rl_llm: bool = False, export_dir
 
 
 class _Positions:
-    """The subset of :class:`cosyvoice.qwen2.KVCache` the backend reads: a per-slot progress count."""
+    """The subset of :class:`cosyvoice.llm.qwen2.KVCache` the backend reads: a per-slot progress count."""
 
     def __init__(self, max_batch: int, max_len: int) -> None:
         self.max_batch = max_batch

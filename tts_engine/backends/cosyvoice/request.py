@@ -10,6 +10,8 @@ backend batches the LLM and token2wav work of many requests and hands each one i
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,7 +23,7 @@ from cosyvoice.llm import LLMRequest
 from cosyvoice.token2wav import HopJob, SpeakerPrompt, Token2Wav, Token2WavStream
 from tts_engine.backends.base import BackendStream
 
-__all__ = ["CosyVoiceStream", "Segment", "SpeedScaledStream"]
+__all__ = ["CosyVoiceStream", "Segment", "SpeedScaledStream", "fit_kv_slot", "segment_seed"]
 
 _EMPTY = np.zeros(0, dtype=np.float32)
 
@@ -132,3 +134,23 @@ class CosyVoiceStream(BackendStream):
         if not self.closed:
             self.closed = True
             self.on_close(self)
+
+
+def segment_seed(seed: int | None, piece: str, voice: str, instruct: str | None) -> int:
+    """Per-segment sampling seed: from ``seed`` and the content (batch-independent), else random."""
+    if seed is None:
+        return secrets.randbits(63)
+    key = f"{seed}\0{voice}\0{instruct or ''}\0{piece}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") >> 1
+
+
+def fit_kv_slot(llm: LLMRequest, max_llm_len: int) -> None:
+    """Cap the generation length so the request fits one KV cache slot; refuse a prefix that cannot."""
+    room = max_llm_len - llm.num_prefix_tokens + 1
+    if room < 1:
+        raise ValueError(
+            f"text segment needs {llm.num_prefix_tokens} prompt positions; the KV cache holds "
+            f"{max_llm_len} per request (shorten the text or the voice's prompt)"
+        )
+    llm.max_len = min(llm.max_len, room)
+    llm.min_len = min(llm.min_len, llm.max_len)

@@ -29,6 +29,8 @@ class KVCacheError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Qwen2Config:
+    """Backbone geometry; the field names are Hugging Face's ``config.json`` keys (read and written so)."""
+
     hidden_size: int
     intermediate_size: int
     num_hidden_layers: int
@@ -66,6 +68,10 @@ class Qwen2Config:
     def from_json(cls, path: str | Path) -> Qwen2Config:
         with open(path, encoding="utf-8") as f:
             return cls.from_dict(json.load(f))
+
+    def to_dict(self) -> dict[str, int | float]:
+        """The Hugging Face ``config.json`` entries of this geometry (the inverse of :meth:`from_dict`)."""
+        return dataclasses.asdict(self)
 
 
 class RMSNorm(nn.Module):

@@ -26,8 +26,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
-from cosyvoice.llm import CosyVoice3LM, LLMRequest, LLMRunner, StepOutput, check_running_requests
-from cosyvoice.qwen2 import KVCacheError, decode_plan
+from cosyvoice.llm.lm import CosyVoice3LM
+from cosyvoice.llm.qwen2 import KVCacheError, decode_plan
+from cosyvoice.llm.runner import LLMRequest, LLMRunner, StepOutput, check_running_requests
 
 __all__ = ["MIN_KV_BUCKET", "GraphDecodeConfigError", "GraphDecodeRunner", "power_of_two_buckets"]
 

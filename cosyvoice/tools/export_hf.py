@@ -31,7 +31,8 @@ import torch
 from safetensors.torch import save_file
 
 from cosyvoice.config import load_config
-from cosyvoice.llm import CosyVoice3LM, qwen2_config
+from cosyvoice.files import read_json_object
+from cosyvoice.llm import CosyVoice3LM
 
 __all__ = [
     "EXPORT_FORMAT",
@@ -44,7 +45,6 @@ __all__ = [
 
 EXPORT_FORMAT = "cosyvoice3-speech-qwen2/1"
 EXPORT_INFO_FILE = "cosyvoice_export.json"
-RL_LLM_FILE = "llm.rl.pt"
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 # BlankEN keys that describe the text vocabulary or generation, meaningless for the speech-only model
 _DROPPED_CONFIG_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "dtype", "torch_dtype")
@@ -82,19 +82,11 @@ def hf_state_dict(lm: CosyVoice3LM, dtype: torch.dtype = torch.float32) -> dict[
 
 def hf_config(blank_en_config: dict[str, Any], lm: CosyVoice3LM, dtype: torch.dtype) -> dict[str, Any]:
     """BlankEN's ``config.json`` rewritten for the speech-only model."""
-    cfg = lm.config
     config = {k: v for k, v in blank_en_config.items() if k not in _DROPPED_CONFIG_KEYS}
     config.update(
+        lm.config.to_dict(),  # the backbone geometry, under Hugging Face's key names
         architectures=["Qwen2ForCausalLM"],
         model_type="qwen2",
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_hidden_layers,
-        num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_key_value_heads,
-        rms_norm_eps=cfg.rms_norm_eps,
-        rope_theta=cfg.rope_theta,
-        max_position_embeddings=cfg.max_position_embeddings,
         hidden_act="silu",
         vocab_size=lm.speech_embedding.num_embeddings,
         tie_word_embeddings=False,
@@ -143,14 +135,10 @@ def export_qwen2_hf(
     if out.exists() and not overwrite:
         raise ExportError(f"{out} already exists (pass overwrite=True to replace it)")
     config = load_config(model_dir)
-    llm_file = config.files.model_dir / RL_LLM_FILE if use_rl_llm else config.files.llm
-    lm = CosyVoice3LM(qwen2_config(config.llm), speech_token_size=config.llm.speech_token_size)
+    llm_file = config.files.llm_rl if use_rl_llm else config.files.llm
+    lm = CosyVoice3LM.from_config(config.llm)
     lm.load_checkpoint(llm_file)  # CheckpointError names the file and key on a mismatch
-    blank_en_json = config.files.blank_en / "config.json"
-    try:
-        blank_en = json.loads(blank_en_json.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ExportError(f"cannot read {blank_en_json}: {exc}") from exc
+    blank_en = read_json_object(config.files.blank_en / "config.json", ExportError)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".part"))

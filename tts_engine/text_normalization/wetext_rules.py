@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import re
 
-from cosyvoice.numbers import english_cardinal, english_digits, zh_cardinal, zh_digits
+from cosyvoice.text.numbers import english_cardinal, english_digits, zh_cardinal, zh_digits
 
 __all__ = ["after_en", "after_zh", "before_en", "before_zh"]
 

@@ -10,11 +10,12 @@ CosyVoice3 additions in list order, so ``<|endofprompt|>`` is 151646 and the len
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+from cosyvoice.files import read_json_object
 
 __all__ = [
     "COSYVOICE3_ADDED_TOKENS",
@@ -84,18 +85,6 @@ class TokenizerError(ValueError):
     """Tokenizer files are missing or inconsistent, or a token/text argument is invalid."""
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise TokenizerError(f"{path}: file not found") from exc
-    except json.JSONDecodeError as exc:
-        raise TokenizerError(f"{path}: invalid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise TokenizerError(f"{path}: expected a JSON object")
-    return data
-
-
 def _read_merges(path: Path) -> list[tuple[str, str]]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -117,7 +106,7 @@ class CosyVoice3Tokenizer:
 
     def __init__(self, vocab_path: str | Path, merges_path: str | Path) -> None:
         vocab_path = Path(vocab_path)
-        vocab = _read_json(vocab_path)
+        vocab = read_json_object(vocab_path, TokenizerError)
         clashes = [token for token in (*_QWEN2_SPECIALS, *COSYVOICE3_ADDED_TOKENS) if token in vocab]
         if clashes:
             raise TokenizerError(f"{vocab_path}: special tokens already in the vocabulary: {clashes[:5]}")
@@ -153,7 +142,7 @@ class CosyVoice3Tokenizer:
         tokenizer = cls(directory / "vocab.json", directory / "merges.txt")
         config_path = directory / "tokenizer_config.json"
         if config_path.is_file():
-            added = _read_json(config_path).get("added_tokens_decoder", {})
+            added = read_json_object(config_path, TokenizerError).get("added_tokens_decoder", {})
             for token_id, entry in added.items():
                 content = entry.get("content") if isinstance(entry, dict) else None
                 if content is None or tokenizer.token_to_id(content) != int(token_id):

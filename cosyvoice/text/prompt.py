@@ -10,8 +10,8 @@ Prompt layouts (the v3 LLM input is ``sos, embed(prompt_text ++ text), task_id, 
   a space), no prompt speech for the LLM.
 
 Normalisation follows the upstream frontend's order of steps. Its first step, reading numbers, dates,
-units... as words (wetext upstream), is :mod:`cosyvoice.text_normalization` (wetext, or our basic
-:mod:`cosyvoice.numbers`); the TTS engine applies it to every request before the backend sees the
+units... as words (wetext upstream), is :mod:`tts_engine.text_normalization` (wetext, or our basic
+:mod:`cosyvoice.text.numbers`); the TTS engine applies it to every request before the backend sees the
 text, so the backend calls these functions with ``spell_numbers=False``. Called directly (scripts,
 :mod:`cosyvoice.model`), they spell numbers with the basic normaliser. Texts containing both ``<|``
 and ``|>`` are never normalised or split, exactly as upstream, so every v3 prompt passes through intact.
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from cosyvoice.numbers import spell_numbers_en, spell_numbers_zh
-from cosyvoice.tokenizer import ENDOFPROMPT
+from cosyvoice.text.numbers import spell_numbers_en, spell_numbers_zh
+from cosyvoice.text.tokenizer import ENDOFPROMPT
 
 __all__ = [
     "INSTRUCT_PREFIX",

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cosyvoice.check_finding import (
+from cosyvoice.config import BLANK_EN_DIR, YAML_NAME, ConfigError, CosyVoice3Config, load_config
+from cosyvoice.hyperyaml import Tagged
+from cosyvoice.tools.check_finding import (
     FAILED,
     MISSING,
     NOT_A_RELEASE,
@@ -27,9 +29,7 @@ from cosyvoice.check_finding import (
     human_size,
     listed,
 )
-from cosyvoice.checkpoint_check import check_checkpoint, expected_checkpoint_shapes
-from cosyvoice.config import BLANK_EN_DIR, YAML_NAME, ConfigError, CosyVoice3Config, load_config
-from cosyvoice.hyperyaml import Tagged
+from cosyvoice.tools.checkpoint_check import check_checkpoint, expected_checkpoint_shapes
 
 __all__ = [
     "FAILED",
@@ -151,7 +151,7 @@ def check_yaml(model_dir: Path) -> tuple[Finding, CosyVoice3Config | None]:
 
 def check_tokenizer(model_dir: Path, tokenizer: Any = None, *, endofprompt_id: int = 151646) -> Finding:
     """The special tokens our text frontend needs, ``<|endofprompt|>`` at the id the LLM expects."""
-    from cosyvoice.tokenizer import (
+    from cosyvoice.text.tokenizer import (
         COSYVOICE3_ADDED_TOKENS,
         ENDOFPROMPT,
         ENDOFTEXT,

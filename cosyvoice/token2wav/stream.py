@@ -32,8 +32,9 @@ import torch
 from cosyvoice.config import CosyVoice3Config, load_config
 from cosyvoice.flow import Flow
 from cosyvoice.flow.chunk_cache import FlowCacheManager
-from cosyvoice.hift import CausalHift, load_hift
+from cosyvoice.hift import CausalHift
 from cosyvoice.hift.stream import HiftStreamState, vocode_streams
+from cosyvoice.pretrained import load_flow, load_hift
 
 __all__ = [
     "HopJob",
@@ -256,14 +257,8 @@ class Token2Wav:
         max_seconds: float | None = None,
     ) -> Token2Wav:
         config = config or load_config(model_dir)
-        flow = Flow.from_pretrained(
-            config.files.flow,
-            static_chunk_size=config.flow.dit.static_chunk_size,
-            num_decoding_left_chunks=config.flow.dit.num_decoding_left_chunks,
-            token_mel_ratio=config.flow.token_mel_ratio,
-            inference_cfg_rate=config.flow.cfm.inference_cfg_rate,
-        ).to(device=device, dtype=dtype)
-        hift = load_hift(model_dir, config=config, device=device, dtype=dtype, max_seconds=max_seconds)
+        flow = load_flow(config, device=device, dtype=dtype)
+        hift = load_hift(config, device=device, dtype=dtype, max_seconds=max_seconds)
         streaming = config.streaming
         schedule = HopSchedule(
             first_hop=streaming.token_hop_len,

@@ -6,10 +6,10 @@ WeTextProcessing on ``kaldifst``: no pynini, and its wheel ships the compiled FS
 downloaded or built at run time). Modes (``tts.text_normalization``):
 
 * ``wetext``: the library's Chinese or English TN, with our rules only where it has none or reads
-  wrongly (:mod:`cosyvoice.wetext_rules` lists them). When ``wetext`` is not installed, ``basic``
-  is used and a warning logged (``cosyvoice/`` must import without it: the GPU machine has only
-  torch, onnxruntime, tokenizers, safetensors and transformers).
-* ``basic``: our own small normaliser (:mod:`cosyvoice.numbers`: times, money, percent, decimals,
+  wrongly (:mod:`tts_engine.text_normalization.wetext_rules` lists them). When ``wetext`` is not installed,
+  ``basic`` is used and a warning logged (the engine worker must import without it: the GPU machine has
+  only torch, onnxruntime, tokenizers, safetensors and transformers).
+* ``basic``: our own small normaliser (:mod:`cosyvoice.text.numbers`: times, money, percent, decimals,
   years, ordinals, integers; no units or dates).
 * ``off``: the text is left as it is.
 
@@ -26,8 +26,8 @@ import re
 from collections.abc import Callable
 from typing import Literal, get_args
 
-from cosyvoice import wetext_rules
-from cosyvoice.numbers import spell_numbers_en, spell_numbers_zh
+from cosyvoice.text.numbers import spell_numbers_en, spell_numbers_zh
+from tts_engine.text_normalization import wetext_rules
 
 __all__ = ["TextNormalization", "TextNormalizer", "split_sentences"]
 

@@ -14,7 +14,10 @@ from pathlib import Path
 
 import torch
 
-from cosyvoice.check_finding import (
+from cosyvoice.config import YAML_NAME, CosyVoice3Config
+from cosyvoice.hift import CausalHift, HiftNoiseBuffers
+from cosyvoice.llm.lm import IGNORED_KEYS, CosyVoice3LM
+from cosyvoice.tools.check_finding import (
     FAILED,
     NOT_A_RELEASE,
     OK,
@@ -25,31 +28,17 @@ from cosyvoice.check_finding import (
     human_size,
     listed,
 )
-from cosyvoice.config import YAML_NAME, CosyVoice3Config
 
 __all__ = ["check_checkpoint", "expected_checkpoint_shapes"]
 
-# DiT constants of every CosyVoice3 release (not in the yaml).
-DIT_FREQ_EMBED = 256
-DIT_CONV_KERNEL = 31
-DIT_CONV_GROUPS = 16
-IGNORED_LLM_KEYS = frozenset({"llm.model.lm_head.weight"})  # the tied text head, present or not
-
-
 def _llm_shapes(config: CosyVoice3Config) -> dict[str, tuple[int, ...]]:
-    from cosyvoice.llm import QWEN_PREFIX, CosyVoice3LM, qwen2_config
-
     with torch.device("meta"):
-        module = CosyVoice3LM(qwen2_config(config.llm), speech_token_size=config.llm.speech_token_size)
-    return {
-        (QWEN_PREFIX + key.removeprefix("model.") if key.startswith("model.") else key): tuple(value.shape)
-        for key, value in module.state_dict().items()
-    }
+        return CosyVoice3LM.from_config(config.llm).checkpoint_shapes()
 
 
 def _flow_shapes(config: CosyVoice3Config) -> dict[str, tuple[int, ...]]:
     flow, dit = config.flow, config.flow.dit
-    mel, d, inner, ff = flow.input_size, dit.dim, dit.heads * dit.dim_head, dit.dim * dit.ff_mult
+    mel, d, inner, ff = flow.mel_dim, dit.dim, dit.inner_dim, dit.ff_dim
     channels = flow.pre_lookahead_channels
     shapes: dict[str, tuple[int, ...]] = {
         "input_embedding.weight": (flow.vocab_size, mel),
@@ -65,12 +54,12 @@ def _flow_shapes(config: CosyVoice3Config) -> dict[str, tuple[int, ...]]:
         shapes[f"decoder.estimator.{key}.weight"] = (out_dim, in_dim)
         shapes[f"decoder.estimator.{key}.bias"] = (out_dim,)
 
-    linear("time_embed.time_mlp.0", d, DIT_FREQ_EMBED)
+    linear("time_embed.time_mlp.0", d, dit.freq_embed_dim)
     linear("time_embed.time_mlp.2", d, d)
-    linear("input_embed.proj", d, dit.mel_dim * 2 + dit.mu_dim + dit.spk_dim)
+    linear("input_embed.proj", d, dit.in_dim)
     for conv in ("conv1", "conv2"):
         key = f"decoder.estimator.input_embed.conv_pos_embed.{conv}.0"
-        shapes[f"{key}.weight"] = (d, d // DIT_CONV_GROUPS, DIT_CONV_KERNEL)
+        shapes[f"{key}.weight"] = (d, d // dit.conv_groups, dit.conv_kernel)
         shapes[f"{key}.bias"] = (d,)
     shapes["decoder.estimator.rotary_embed.inv_freq"] = (dit.dim_head // 2,)
     for i in range(dit.depth):
@@ -82,14 +71,11 @@ def _flow_shapes(config: CosyVoice3Config) -> dict[str, tuple[int, ...]]:
         linear(f"{block}.ff.ff.0.0", ff, d)
         linear(f"{block}.ff.ff.2", d, ff)
     linear("norm_out.linear", 2 * d, d)
-    linear("proj_out", dit.out_channels, d)
+    linear("proj_out", dit.mel_dim, d)
     return shapes
 
 
 def _hift_shapes(config: CosyVoice3Config) -> dict[str, tuple[int, ...]]:
-    from cosyvoice.hift.buffers import HiftNoiseBuffers
-    from cosyvoice.hift.generator import CausalHift
-
     harmonics = config.hift.nb_harmonics + 1
     buffers = HiftNoiseBuffers(
         rand_ini=torch.zeros(1, harmonics), sine_noise=torch.zeros(1, 1, harmonics), uv_noise=None
@@ -163,7 +149,7 @@ def check_checkpoint(model_dir: Path, file: str, config: CosyVoice3Config | None
         _hift_file_shapes(state) if file == "hift.pt" else dict((k, tuple(v.shape)) for k, v in state.items())
     )
     if file == "llm.pt":
-        got = {key: shape for key, shape in got.items() if key not in IGNORED_LLM_KEYS}
+        got = {key: shape for key, shape in got.items() if key not in IGNORED_KEYS}  # the tied text head
     missing = sorted(expected.keys() - got.keys())
     unexpected = sorted(got.keys() - expected.keys())
     wrong = [

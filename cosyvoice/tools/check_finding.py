@@ -1,6 +1,6 @@
 """What a model check reports: one :class:`Finding` per check, and the helpers that word it.
 
-Shared by the file, checkpoint and ONNX checks (cosyvoice/model_check.py, cosyvoice/checkpoint_check.py).
+Shared by the file, checkpoint and ONNX checks (``model_check``, ``checkpoint_check``).
 """
 
 from __future__ import annotations

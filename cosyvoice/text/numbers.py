@@ -1,7 +1,7 @@
 """Spell numbers as words, in Chinese and in English, for the text normaliser.
 
 A small stand-in for the number rules of the upstream text frontends (wetext / inflect); see
-:mod:`cosyvoice.text` for where it is used and what it deliberately does not cover.
+:mod:`cosyvoice.text.prompt` for where it is used and what it deliberately does not cover.
 """
 
 from __future__ import annotations
