@@ -106,7 +106,7 @@ class Services:
         warning = None
         checks: list[CheckResult] = []
         if engine is None and config.engine.remote:  # workers started elsewhere pick their own backend
-            from gateway.engine_client.client.build import build_engine_client
+            from gateway.engine_client.build import build_engine_client
 
             engine = build_engine_client(config, config.tts.backend)
         if engine is None:
@@ -115,7 +115,7 @@ class Services:
             if warning:
                 log.warning("!!! %s", warning)
             if config.engine.workers != 0:  # the engine in worker processes started here
-                from gateway.engine_client.client.build import build_engine_client
+                from gateway.engine_client.build import build_engine_client
 
                 engine = build_engine_client(config, choice.backend)
             else:

@@ -4,7 +4,7 @@
 
 Prints first-chunk latency (p50/p95) and chunks per second for both, same run, same backend options
 (fake: 20 ms per character, 100 ms chunks, computed at once). The worker is a
-``python -m tts_engine serve`` process on a unix socket; the client is ``gateway.engine_client.client.client``.
+``python -m tts_engine serve`` process on a unix socket; the client is ``gateway.engine_client.client``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.engine_client.client.client import EngineClient  # noqa: E402
-from gateway.engine_client.client.workers import WorkerCommand, WorkerSlot  # noqa: E402
+from gateway.engine_client.client import EngineClient  # noqa: E402
+from gateway.engine_client.workers import WorkerCommand, WorkerSlot  # noqa: E402
 
 from tts_engine import TTSEngine, create_backend  # noqa: E402
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import msgpack
 import pytest
-from gateway.engine_client.client.client import EngineClient
-from gateway.engine_client.client.workers import WorkerSlot
+from gateway.engine_client.client import EngineClient
+from gateway.engine_client.workers import WorkerSlot
 
 from gateway.api.errors import api_error
 from tts_engine import TTSEngine, UnknownVoice
@@ -286,7 +286,7 @@ async def test_a_remote_tcp_worker_is_reconnected_after_it_restarts() -> None:
 
 async def test_a_worker_with_a_token_serves_only_connections_that_send_it(monkeypatch) -> None:
     """engine.remote_token: the auth frame comes first; no hello (voices, capacity) before it."""
-    from gateway.engine_client.client.link import WorkerLink
+    from gateway.engine_client.link import WorkerLink
 
     from tts_engine.errors import WorkerLost
     from tts_engine.worker import server as worker_server

@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from gateway.config import Config
-from gateway.engine_client.client.client import EngineClient
-from gateway.engine_client.client.workers import WorkerCommand, WorkerSlot
+from gateway.engine_client.client import EngineClient
+from gateway.engine_client.workers import WorkerCommand, WorkerSlot
 from tts_engine.worker.protocol import parse_address
 
 log = logging.getLogger(__name__)

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway.engine_client.client.link import RemoteStream, WorkerLink, summed_memory
-from gateway.engine_client.client.workers import WorkerSlot
+from gateway.engine_client.link import RemoteStream, WorkerLink, summed_memory
+from gateway.engine_client.workers import WorkerSlot
 from tts_engine.arguments import (
     check_arguments,
     check_instruct,

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.engine_client.client.link import WorkerLink
+from gateway.engine_client.link import WorkerLink
 from tts_engine.errors import WorkerLost
 
 log = logging.getLogger(__name__)
