@@ -22,7 +22,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gateway.engine_client.client import EngineClient  # noqa: E402
 from gateway.engine_client.workers import WorkerCommand, WorkerSlot  # noqa: E402
-
 from tts_engine import TTSEngine, create_backend  # noqa: E402
 
 TEXT = "the quick brown fox jumps over the lazy dog"

@@ -13,10 +13,10 @@ from typing import Any
 
 import msgpack
 import pytest
-from gateway.engine_client.client import EngineClient
-from gateway.engine_client.workers import WorkerSlot
 
 from gateway.api.errors import api_error
+from gateway.engine_client.client import EngineClient
+from gateway.engine_client.workers import WorkerSlot
 from tts_engine import TTSEngine, UnknownVoice
 from tts_engine.backends.fake import FakeBackend
 from tts_engine.errors import EngineError, EngineUnavailable, SynthesisFailed
@@ -287,7 +287,6 @@ async def test_a_remote_tcp_worker_is_reconnected_after_it_restarts() -> None:
 async def test_a_worker_with_a_token_serves_only_connections_that_send_it(monkeypatch) -> None:
     """engine.remote_token: the auth frame comes first; no hello (voices, capacity) before it."""
     from gateway.engine_client.link import WorkerLink
-
     from tts_engine.errors import WorkerLost
     from tts_engine.worker import server as worker_server
 
