@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host", help="listen address (overrides server.host)")
     serve.add_argument("--port", type=int, help="listen port (overrides server.port)")
     check = sub.add_parser("check", help="load every configured model, speak and recognise one sentence")
-    from gateway import check_report
+    from gateway.checks import report as check_report
 
     check_report.add_arguments(check)
     args = parser.parse_args(argv)

@@ -7,6 +7,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gateway.asr import ASR, create_asr
+from gateway.checks.model import (
+    CheckResult,
+    asr_status_checks,
+    loaded_model_checks,
+    log_checks,
+    tts_file_checks,
+)
 from gateway.config import Config, LLMConfig
 from gateway.device.registry import LiveSession, SessionRegistry
 from gateway.llm.base import ChatLLM
@@ -14,13 +21,6 @@ from gateway.llm.echo import EchoLLM
 from gateway.llm.memory import ConversationMemory
 from gateway.llm.openai_chat import OpenAIChatLLM
 from gateway.metrics import GatewayMetrics
-from gateway.model_check import (
-    CheckResult,
-    asr_status_checks,
-    loaded_model_checks,
-    log_checks,
-    tts_file_checks,
-)
 from gateway.speech.phrases import Phrases
 from gateway.speech.turn import TurnConfig, turn_config
 from gateway.tools.base import ToolSource
@@ -81,7 +81,7 @@ class Services:
     metrics: GatewayMetrics
     tts_warning: str | None = None
     voices: VoiceStore | None = None  # the voice presets (registered with engines that clone voices)
-    checks: list[CheckResult] = field(default_factory=list)  # start-up model checks (gateway/model_check.py)
+    checks: list[CheckResult] = field(default_factory=list)  # start-up model checks (gateway/checks/model.py)
     # the live device sessions, read-only here: the device socket (gateway/device/socket.py) writes it
     sessions: SessionRegistry[LiveSession] = field(default_factory=SessionRegistry)
     memory: ConversationMemory | None = None  # per-device conversation memory (session.memory: local)

@@ -1,6 +1,6 @@
 """Which TTS backend this process runs (``tts.backend: auto`` resolved) and building it beside the ASR.
 
-Used by the gateway's services at start-up and by ``gateway check`` (gateway/model_check.py), which
+Used by the gateway's services at start-up and by ``gateway check`` (gateway/checks/model.py), which
 builds the backend the same way to load-test it.
 """
 

@@ -294,13 +294,13 @@ async def test_startup_reports_a_problem_the_loader_tolerates(
     model = Path(shutil.copytree(tiny_model, tmp_path / "model"))
     _rename_onnx_input(model)
     overrides = {"tts": {"backend": "cosyvoice", "model_dir": str(model), "voices_dir": str(voices_dir)}}
-    caplog.set_level("INFO", logger="gateway.model_check")
+    caplog.set_level("INFO", logger="gateway.checks.model")
     async with running_gateway(overrides) as gw, httpx.AsyncClient() as client:
         body = (await client.get(f"{gw.url}/v1/health")).json()
     check = next(c for c in body["checks"] if c["name"] == "tts speech_tokenizer_v3.onnx")
     assert check["status"] == "failed" and "'speech', expected 'feats'" in check["detail"]
     assert TTS_FIX in check["fix"]
     assert body["status"] == "degraded"
-    logged = [r.getMessage() for r in caplog.records if r.name == "gateway.model_check"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "gateway.checks.model"]
     assert any(m.startswith("model checks: ") and "1 failed" in m for m in logged), logged
     assert any("speech_tokenizer_v3.onnx failed" in m and "fix: " in m for m in logged), logged

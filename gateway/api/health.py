@@ -2,7 +2,7 @@
 
 The gateway's summary (``status``: ``ok`` / ``degraded`` / ``unavailable`` with its ``reasons``, the HTTP
 status 503 when unavailable; ``sessions``, ``tts``, ``llm``, ``asr``, ``audio``, and ``checks``: the
-start-up model checks, ``[{name, status, detail, fix}]``, gateway/model_check.py; see ``Services.health``) plus what TTS clients ask about: the compute ``device``, the ``engine`` and its
+start-up model checks, ``[{name, status, detail, fix}]``, gateway/checks/model.py; see ``Services.health``) plus what TTS clients ask about: the compute ``device``, the ``engine`` and its
 model and its worker processes (``engine.workers``), the ``voices`` on offer, and ``memory`` (the configured budget and what is in use).
 """
 

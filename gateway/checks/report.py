@@ -14,9 +14,9 @@ from typing import TextIO
 from rich.console import Console
 from rich.table import Table
 
-from gateway.check_run import run_checks
+from gateway.checks.model import FAILED, MISSING, OK, SKIPPED, CheckResult
+from gateway.checks.run import run_checks
 from gateway.config import ConfigError, load_config
-from gateway.model_check import FAILED, MISSING, OK, SKIPPED, CheckResult
 
 _STYLES = {OK: "green", MISSING: "yellow", FAILED: "bold red", SKIPPED: "dim"}
 

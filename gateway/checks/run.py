@@ -2,9 +2,9 @@
 
 `run_checks(config)` loads the TTS backend through `tts_choice.create_tts_backend`, the voice presets
 through the engine, FunASR through `FunASRBackend.load` and the Silero VAD through `SileroVAD`, after
-checking the CosyVoice3 files one by one (gateway/model_check.py); then it synthesises one sentence and,
+checking the CosyVoice3 files one by one (gateway/checks/model.py); then it synthesises one sentence and,
 when speech recognition is configured, recognises it back. Each step gives `CheckResult`s; a step never
-raises (gateway/check_report.py prints them).
+raises (gateway/checks/report.py prints them).
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ from typing import Any
 import numpy as np
 
 from cosyvoice.tools.model_check import is_release_geometry
-from gateway.config import ASRConfig, Config
-from gateway.model_check import (
+from gateway.checks.model import (
     ASR_DOWNLOAD,
     FAILED,
     MISSING,
@@ -35,6 +34,7 @@ from gateway.model_check import (
     tts_file_checks,
     unexpected,
 )
+from gateway.config import ASRConfig, Config
 
 SENTENCE = "你好，欢迎使用小智语音网关。"
 SYNTH_TIMEOUT_S = 300.0

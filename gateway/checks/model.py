@@ -6,7 +6,7 @@ fix); a check never raises: its exception becomes a failed result, the traceback
 reported by `log_checks`) only does the cheap part: the file checks of the CosyVoice3 directory
 (`cosyvoice.tools.model_check`) read checkpoint indexes (mmap), not weights; the ONNX signatures and
 the tokenizer are those of the model the server just loaded. `python -m gateway check` loads and tries
-everything (gateway/check_run.py).
+everything (gateway/checks/run.py).
 """
 
 from __future__ import annotations
