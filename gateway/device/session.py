@@ -81,7 +81,7 @@ class Session(ListenHandling):
         )
         self.listener = Listener(cfg.asr.vad, max_utterance_s=cfg.audio.max_utterance_s)
         self.conversation = Conversation(cfg.llm.system_prompt, max_turns=cfg.llm.max_history_turns)
-        self.voice = VoiceChoice(cfg.tts.voice)  # the session's voice: the tools change it, turns read it
+X
         self.tools = SessionTools(
             cfg,
             session_id=self.session_id,
