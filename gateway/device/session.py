@@ -81,7 +81,7 @@ class Session(ListenHandling):
         )
         self.listener = Listener(cfg.asr.vad, max_utterance_s=cfg.audio.max_utterance_s)
         self.conversation = Conversation(cfg.llm.system_prompt, max_turns=cfg.llm.max_history_turns)
-X
+        self.voice = VoiceChoice(services.turns.voice)  # the session's voice: the tools change it, turns read it
         self.tools = SessionTools(
             cfg,
             session_id=self.session_id,
