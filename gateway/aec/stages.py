@@ -57,20 +57,28 @@ from gateway.aec.speex import SpeexEchoCanceller, SpeexUnavailable
 log = logging.getLogger(__name__)
 
 CHUNK = RATE // 100  # both libraries take 10 ms frames
-LINEAR_TAPS = 1024  # the linear filter: 64 ms of echo response from the aligned delay on
+LINEAR_TAPS = 2048  # the linear filter: 128 ms of echo response from the aligned delay on (a room's tail)
 NEAR_FLOOR_RMS = 100.0  # double talk needs this much left after the linear filter (-50 dBFS)
 ECHO_FLOOR_RMS = 100.0  # chunks with this much predicted echo tell how well the linear stage cancels
 CONVERGED_SHARE = 10 ** (-10.0 / 10)  # ... it has converged when half of them left less than -10 dB
+CONVERGED_KEEP = 1 / 3  # ... and stays converged down to this share
 NEAR_TO_ECHO = 0.3  # ... and at least this share of the echo it predicted (-5 dB; echo alone: ~-15, Opus)
 GEIGEL_LEARNT = 20  # Geigel's test needs this many echo-alone chunks to know the echo path's gain
-SILENT_CHUNKS = 8  # the aligned reference silent this long (> LEAD_MS + the filter's span): nothing to do
+SILENT_CHUNKS = 17  # the aligned reference silent this long (> LEAD_MS + the filter's span): nothing to do
+SLIP_GAIN = 10 ** (1.0 / 10)  # a chunk the filter's output is this much louder than the microphone ...
+SLIP_ECHO = 0.25  # (judged where the microphone holds at least this share of the echo predicted)
+SLIP_CHUNKS = 5  # ... this many of the last 2 * SLIP_CHUNKS with echo: the echo slipped away from it
+FAILING_CHUNKS = 30  # an unconverged filter that cancels in under a quarter of this many chunks is failing
+VERIFY_CHUNKS = 20  # a trusted filter shows this many chunks with echo that it cancels (trust)
 HOLD_TO_ECHO = 3.0  # talk that left this share of the echo (+5 dB) ...
 HOLD_CHUNKS = 15  # ... holds talk this many chunks on
-GEIGEL_CHUNKS = 7  # the reference's recent peak: over the filter's span (64 ms + LEAD_MS)
+GEIGEL_CHUNKS = 16  # the reference's recent peak: over the filter's span (128 ms + LEAD_MS)
 GEIGEL_REF_FLOOR = 1000.0  # ... learnt from chunks whose reference peaked above this (-30 dBFS)
 GEIGEL_MARGIN = 0.7  # ... double talk peaks above this times the echo path's usual peak gain
 GUARD_GAIN = 1.0  # echo_like before the echo path's peak gain is learnt: 0 dB, more than any path
-LEAD_MS = 10.0  # the aligned reference runs this far ahead of the echo (estimate error; causal filter)
+# the aligned reference runs this far ahead of the echo: the estimate may lock on a reflection a little
+# after the direct sound, which the filter must still see coming (it is causal)
+LEAD_MS = 30.0
 
 
 class Aec3:
@@ -107,6 +115,11 @@ class LinearStage:
         self._hold = 0
         self._last_gain = np.zeros(0)  # per chunk of the last `run`: microphone peak / reference's
         self._last_talk = np.zeros(0, bool)
+        self._slips: deque[bool] = deque(maxlen=2 * SLIP_CHUNKS)  # recent chunks with echo: added to it?
+        self.slipped = False  # the echo moved away from the filter (canceller: doubt, measure again)
+        self._doubted: tuple[list[bool], bool] | None = None  # the evidence before a doubt
+        self._restore_in = 0  # chunks until the filter has forgotten the old alignment (trust)
+        self._verifying = False
 
     @staticmethod
     def create(delay_ms: float) -> LinearStage | None:
@@ -133,10 +146,48 @@ class LinearStage:
 
     def doubt(self) -> None:
         """The echo may have moved against the filter (playback resumed after a pause): no double
-        talk until the filter has shown again that it cancels."""
+        talk until the filter has shown again that it cancels, or `trust` says where it went."""
+        if self._doubted is None:
+            self._doubted = (list(self._below), self.converged)
         self._below.clear()
         self.converged = False
         self._hold = 0
+        self._restore_in = 0
+        self._verifying = False
+        self._slips.clear()
+        self.slipped = False
+
+    @property
+    def doubted(self) -> bool:
+        return self._doubted is not None
+
+    def trust(self, delay_ms: float) -> None:
+        """The echo was measured again at `delay_ms` after a doubt: the filter (the room did not
+        change, only the delay) should hold at that alignment. Once the reference it remembers
+        (its span) has all been read at the new alignment, it has VERIFY_CHUNKS of echo to show
+        that it cancels there; then its evidence from before the doubt is restored (else it
+        stays doubted until it converges again)."""
+        self.delay_ms = delay_ms
+        if self._doubted is not None:
+            self._restore_in = SILENT_CHUNKS
+            self._verifying = False
+
+    def _restore(self, chunks: int) -> None:
+        if self._doubted is None:
+            return
+        if self._restore_in:
+            self._restore_in = max(self._restore_in - chunks, 0)
+            if not self._restore_in:
+                self._below.clear()
+                self._verifying = True
+        elif self._verifying and len(self._below) >= VERIFY_CHUNKS:
+            self._verifying = False
+            if sum(self._below) >= 0.5 * len(self._below):
+                below, converged = self._doubted
+                self._below.clear()
+                self._below.extend(below)
+                self.converged = converged
+                self._doubted = None
 
     def run(self, mic: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """The linear filter's output for the whole 10 ms chunks of `mic`, and which are double talk.
@@ -154,7 +205,9 @@ class LinearStage:
         last = np.flatnonzero(heard)
         self._silent = whole // CHUNK - 1 - int(last[-1]) if last.size else self._silent + whole // CHUNK
         linear = self._speex.cancel(mic[:whole], ref[:whole])
-        return linear, self._double_talk(mic[:whole], ref[:whole], linear)
+        talk = self._double_talk(mic[:whole], ref[:whole], linear)
+        self._restore(whole // CHUNK)
+        return linear, talk
 
     def _double_talk(self, mic: np.ndarray, ref: np.ndarray, linear: np.ndarray) -> np.ndarray:
         """Per 10 ms chunk: the user talks over the echo (both tests below pass, or the first
@@ -179,14 +232,24 @@ class LinearStage:
         window += 1.0
         self._ref_peaks = peaks[-(GEIGEL_CHUNKS - 1) :]
         gain = mic_peak / window
-        talk = (left > NEAR_FLOOR_RMS**2) & (left > echo * NEAR_TO_ECHO)
+        learnt = len(self._gains) >= GEIGEL_LEARNT
+        louder = gain > GEIGEL_MARGIN * float(np.percentile(self._gains, 95)) if learnt else np.ones(gain.size, bool)
+        mic_power = np.mean(mic.astype(np.float64).reshape(-1, CHUNK) ** 2, axis=1)
+        # a filter the echo has slipped away from (the device's playback moved) adds its prediction
+        # to the microphone instead of taking it off, where the microphone holds about as much
+        # echo as it predicts and no more than the echo path makes (no one talking)
+        adds = (left > mic_power * SLIP_GAIN) & (echo > ECHO_FLOOR_RMS**2)
+        judged = (echo > ECHO_FLOOR_RMS**2) & ~louder & (mic_power > echo * SLIP_ECHO)
+        self._slips.extend(adds[judged].tolist())
+        self.slipped = self.converged and sum(self._slips) >= SLIP_CHUNKS
+        talk = (left > NEAR_FLOOR_RMS**2) & (left > echo * NEAR_TO_ECHO) & ~adds
         strong = left > echo * HOLD_TO_ECHO
         alone = np.zeros_like(talk)  # well above the echo: talk even where Geigel's test fails ...
-        if not self.converged or len(self._gains) < GEIGEL_LEARNT:
+        if not self.converged or not learnt:
             talk[:] = False
         elif talk.any():
             alone = talk & strong
-            talk &= gain > GEIGEL_MARGIN * float(np.percentile(self._gains, 95))
+            talk &= louder
         talk = self._hold_on(talk, strong) | alone  # ... but only talk that passed it holds talk on
         self._last_gain, self._last_talk = gain, talk
         with_echo = (echo > ECHO_FLOOR_RMS**2) & ~talk  # the user's speech says nothing of the filter
@@ -194,8 +257,25 @@ class LinearStage:
         self._below.extend(below_now)
         self._gains.extend(gain[with_echo & (window > GEIGEL_REF_FLOOR)].tolist())
         below = self._below
-        self.converged = len(below) >= below.maxlen // 2 and sum(below) >= 0.5 * len(below)
+        # converged once half the chunks with echo left under -10 dB; it stays so down to a third
+        # (the user's first syllables over the echo, not yet talk, count as chunks it did not cancel)
+        share = CONVERGED_KEEP if self.converged else 0.5
+        self.converged = len(below) >= below.maxlen // 2 and sum(below) >= share * len(below)
+        if self.converged:  # shown again: no evidence to restore
+            self._doubted = None
+            self._restore_in = 0
+            self._verifying = False
         return talk
+
+    @property
+    def failing(self) -> bool:
+        """Shown, over enough chunks with echo, that it does not cancel (aligned wrong?)."""
+        return len(self._below) >= FAILING_CHUNKS and sum(self._below) < 0.25 * len(self._below)
+
+    @property
+    def learnt(self) -> bool:
+        """Geigel's test knows the echo path's usual peak gain."""
+        return len(self._gains) >= GEIGEL_LEARNT
 
     def echo_like(self) -> np.ndarray:
         """Per chunk of the last `run`: no talk, and the microphone no louder than the echo path
