@@ -72,6 +72,7 @@ FAILING_CHUNKS = 30  # an unconverged filter that cancels in under a quarter of 
 VERIFY_CHUNKS = 20  # a trusted filter shows this many chunks with echo that it cancels (trust)
 HOLD_TO_ECHO = 3.0  # talk that left this share of the echo (+5 dB) ...
 HOLD_CHUNKS = 15  # ... holds talk this many chunks on
+ALONE_GEIGEL = 0.35  # a +5 dB chunk is talk where Geigel's test fails, but not by more than half
 GEIGEL_CHUNKS = 16  # the reference's recent peak: over the filter's span (128 ms + LEAD_MS)
 GEIGEL_REF_FLOOR = 1000.0  # ... learnt from chunks whose reference peaked above this (-30 dBFS)
 GEIGEL_MARGIN = 0.7  # ... double talk peaks above this times the echo path's usual peak gain
@@ -248,12 +249,17 @@ class LinearStage:
         if not self.converged or not learnt:
             talk[:] = False
         elif talk.any():
-            alone = talk & strong
+            # the room's tail after a word, which no linear filter of ours takes off, also leaves
+            # +5 dB, but under a microphone far quieter than the echo path's usual peak
+            alone = talk & strong & (gain > ALONE_GEIGEL * float(np.percentile(self._gains, 95)))
             talk &= louder
         talk = self._hold_on(talk, strong) | alone  # ... but only talk that passed it holds talk on
         self._last_gain, self._last_talk = gain, talk
         with_echo = (echo > ECHO_FLOOR_RMS**2) & ~talk  # the user's speech says nothing of the filter
-        below_now = (left[with_echo] < echo[with_echo] * CONVERGED_SHARE).tolist()
+        evidence = with_echo.copy()
+        if learnt:  # nor what peaks above all the echo path usually makes: the user's first syllables
+            evidence &= gain <= float(np.percentile(self._gains, 95))
+        below_now = (left[evidence] < echo[evidence] * CONVERGED_SHARE).tolist()
         self._below.extend(below_now)
         self._gains.extend(gain[with_echo & (window > GEIGEL_REF_FLOOR)].tolist())
         below = self._below
