@@ -203,7 +203,11 @@ def simulate_device(
         plays[0] / 1000,
         None if near_start is None else near_start / RATE,
         underruns,
-        np.asarray(plays) + UPLINK_CODEC_MS + (path.delay_ms if path is not None else 0.0) + (anchor or 0.0) - np.asarray(stamps),
+        np.asarray(plays)
+        + UPLINK_CODEC_MS
+        + (path.delay_ms if path is not None else 0.0)
+        + (anchor or 0.0)
+        - np.asarray(stamps),
     )
 
 

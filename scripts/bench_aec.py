@@ -97,7 +97,9 @@ def play(
         path = random_path(rng, n)
         if clean:
             path = EchoPath(delay_ms=0.0, gain_db=-300.0, rir=np.ones(1))
-        r = simulate(reply, path, timestamps=model.timestamps, near=near, near_at_s=near_at_s, seed=n, linear=linear)
+        r = simulate(
+            reply, path, timestamps=model.timestamps, near=near, near_at_s=near_at_s, seed=n, linear=linear
+        )
         delay = r.canceller.delay_ms
         error = None if delay is None or clean else abs(delay - r.true_delay_ms)
         erle = None if clean else erle_db(r.mic[3 * RATE : reply.size], r.out[3 * RATE : reply.size])
@@ -186,13 +188,17 @@ def cells(f: Figures) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--device-model", default="all", help=f"one of {', '.join(MODELS)}, or all")
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: --seed)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--replies", type=int, default=20, help="echo-only replies per model and seed")
     parser.add_argument("--double-talk", type=int, default=20, help="barge-in trials per model and seed")
-    parser.add_argument("--clean-uplink", action="store_true", help="also the same trials with no echo at all")
+    parser.add_argument(
+        "--clean-uplink", action="store_true", help="also the same trials with no echo at all"
+    )
     parser.add_argument("--quick", action="store_true", help="3 replies and 3 barge-ins (a smoke run)")
     parser.add_argument(
         "--aec3-only",
@@ -207,7 +213,9 @@ def main() -> int:
     replies, trials = (3, 3) if args.quick else (args.replies, args.double_talk)
     linear = not args.aec3_only
     print(f"commit {git_commit()}; {'AEC3 only' if args.aec3_only else 'AEC3 + double-talk stage'}")
-    print(f"seeds {seeds}; {replies} echo-only replies and {trials} barge-ins per model and seed; goal {GOAL_S} s")
+    print(
+        f"seeds {seeds}; {replies} echo-only replies and {trials} barge-ins per model and seed; goal {GOAL_S} s"
+    )
     for model in models:
         print(f"  {model.name}: {model.about}")
     clean_head = "  clean: false   in400  max_ms miss early" if args.clean_uplink else ""
@@ -226,7 +234,9 @@ def main() -> int:
             cpu = 100 * aec.cpu_s / max(aec.audio_s, 1e-9)
             erle = f"{min(aec.erles):8.1f}" if aec.erles else "       -"
             delay = f"{max(aec.delay_errors):9.1f}" if aec.delay_errors else "        -"
-            print(f"{row}  {cpu:4.1f} {erle} {delay}  {'ok' if goal else 'MISSED'} ({time.monotonic() - began:.0f} s)")
+            print(
+                f"{row}  {cpu:4.1f} {erle} {delay}  {'ok' if goal else 'MISSED'} ({time.monotonic() - began:.0f} s)"
+            )
             sys.stdout.flush()
             failed |= not goal
     if not failed:

@@ -46,7 +46,9 @@ def test_plain_echo_of_the_frame_being_played_is_no_barge_in(reply, gain, versio
     assert onsets(result.out) == []  # the reply plays on
     assert result.canceller.delay_ms == pytest.approx(float(np.median(result.true_delays_ms)), abs=2)
     played = slice(int((result.reply_start_s + 3) * 16000), int(result.reply_start_s * 16000) + reply.size)
-    kept = np.sum(result.out[played].astype(np.float64) ** 2) / np.sum(result.mic[played].astype(np.float64) ** 2)
+    kept = np.sum(result.out[played].astype(np.float64) ** 2) / np.sum(
+        result.mic[played].astype(np.float64) ** 2
+    )
     assert 10 * np.log10(kept) < -25  # and cancelled
 
 

@@ -2,45 +2,49 @@
 
 The cancelling itself is done by libraries (stages.py): WebRTC's AEC3 through
 `livekit` (why that binding: stages.py), and SpeexDSP's linear filter beside it
-(speex.py). While a reply plays AEC3 costs ~1.2 % of a core per session, with
-the linear stage ~1.8 % (scripts/bench_aec.py), so it runs on the event loop.
+(speex.py). While a reply plays it all costs ~2.5 % of a core per session
+(scripts/bench_aec.py), so it runs on the event loop.
 
-Alignment: each uplink frame is given the reference that the device played
-when the frame was captured.
-
-* v2 timestamps: every downlink packet carries its play start (ms on the
-  session clock); a server-AEC device copies the timestamp of the packet it
-  just played into its next uplink packets, so `end of capture - timestamp`
-  measures how late the device plays against our model (median of the last few).
-* otherwise (v1/v3, or a device that stamps nothing): the reference is read
-  ASSUMED_LAG_MS before the frame's capture time, and `DelayEstimator` measures
-  the echo delay; a delay past what AEC3 covers comfortably shifts the reference.
-
-The capture time of an uplink frame comes from counting its samples from an
-anchor (the arrival of the first frame less its duration); the anchor is reset
-when arrivals drift away from the count (the device paused its microphone).
+Alignment (alignment.py): each uplink frame gets a capture time (sample count
+from an anchor), and AEC3 the reference read an offset before it: from the v2
+timestamps, or without them ASSUMED_LAG_MS until `DelayEstimator` has measured
+the delay. The estimate is absolute (our play-time model to the uplink) and
+two-sided: a device whose uplink frame carries the frame it starts to play
+(issue 23's test of xiaozhi-sdk) puts its echo up to a frame ahead of our
+model, where AEC3 cannot cancel it; the reference then moves to leave AEC3 a
+lag it can handle.
 
 Double talk (`linear=True`, config `asr.aec_double_talk`, on by default):
 AEC3's suppressor takes 20-40 dB off the first 100-150 ms of speech that is
-about as loud as the echo, so the VAD can miss a barge-in. Once
-`DelayEstimator` has measured the delay (a first estimate from 0.5 s of the
-first reply), a linear stage (stages.LinearStage: SpeexDSP's filter on the
-reference pre-aligned by that delay, first run 3 times over the last couple of
-seconds of uplink so that it starts converged) runs beside AEC3; where its echo
-estimate shows the user talking, its output replaces AEC3's for that 10 ms.
-AEC3's own path is unchanged. Until the stage shows it converged it is rebuilt
-at each new estimate (every 0.5 s, more audio each time: converged ~1.5-2 s
-into the first reply); after that only for a move two estimates agree on.
-Where the reference resumes after a pause in playback, the stage is told to
-doubt its filter (stages.LinearStage.doubt).
+about as loud as the echo, so the VAD can miss a barge-in. A linear stage
+(linear.LinearStage: SpeexDSP's filter on the reference pre-aligned by the
+measured delay, first run 3 times over the last couple of seconds of uplink)
+runs beside AEC3; where its echo estimate shows the user talking, its output
+replaces AEC3's for that 10 ms. Until it shows it converged it is rebuilt at
+new estimates (more audio each time); after that it follows the delay
+(`_on_estimate`).
 
-Early guard (with the linear stage): AEC3 can leak echo ~0.8-1.7 s into a
-session's first reply, only ~10 dB under the microphone (bench, --seed 1: a
-false barge-in at 1.4 s). For the first GUARD_S of reply played, a 10 ms chunk
-that the stage does not take for talk and whose microphone peak is no louder
-than the echo path usually makes of the reference's recent peak (Geigel,
-stages.LinearStage.echo_like) is muted: there it can only be echo. Speech
-louder than the echo passes, and so does all that the stage takes for talk.
+The echo moves: where playback resumes after running dry, the device's pause
+may have been longer or shorter than ours (0.1-0.2 s with a jitter buffer that
+waits for a few frames before it starts again), and a device can run dry on
+its own (bursty network). At a resume the stage is doubted and the delay
+measured again on what follows it alone; a filter the echo slipped away from
+shows it (linear.LinearStage.slipped) and is treated alike. The stage is
+trusted again where the echo did not move, rebuilt where it did, and AEC3's
+reference follows the accepted delay so that its filter fits again.
+
+Echo ceiling (ceiling.py): how loud the echo can be in each chunk, learnt
+without its delay. Far above it a chunk is the user's, whatever AEC3 makes of
+it: with little or no echo (a clean uplink) AEC3, whose filter has nothing to
+converge on, ducked speech wherever we played (the user found 0.6-2 s late).
+
+Guard: while AEC3 may leak echo, a chunk that may only be echo and that the
+stage does not take for talk is muted: for the first GUARD_S of reply played
+(AEC3 can leak ~1 s into the first reply), for RESUME_GUARD_S after a resume or
+a slip, and while AEC3 shows that it leaks (over the last loud chunks that may
+only be echo it took off under 15 dB; converged it takes off 30-45). "May only
+be echo": the stage's Geigel test where it has learnt the echo path
+(linear.LinearStage.echo_like), else at or under the ceiling.
 """
 
 from __future__ import annotations
@@ -54,8 +58,9 @@ import numpy as np
 from gateway.aec.alignment import Aec3Alignment, CaptureClock
 from gateway.aec.ceiling import ECHO_DB, TALK_DB, EchoCeiling
 from gateway.aec.delay import DelayEstimator
+from gateway.aec.linear import HOLD_CHUNKS, LEAD_MS, LinearStage
 from gateway.aec.reference import RATE, SAMPLES_PER_MS, EchoReference
-from gateway.aec.stages import CHUNK, HOLD_CHUNKS, LEAD_MS, Aec3, LinearStage
+from gateway.aec.stages import CHUNK, Aec3
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +71,7 @@ CONVERGE_S = 1.0  # reference playing this long before ERLE counts
 MOVE_MS = 2.0  # the echo moved this far since the accepted estimate: the delay moves
 SMALL_MOVE_MS = 5.0  # ... a linear stage moved this little is moved as it is (it adapts); further, rebuilt
 WARM_UP_S = 2.0  # uplink kept to run a new linear stage over before it takes over
-WARM_UP_PASSES = 3  # ... this many times over (stages.LinearStage.warm_up)
+WARM_UP_PASSES = 3  # ... this many times over (linear.LinearStage.warm_up)
 EARLY_REBUILDS = 4  # an unconverged linear stage is rebuilt at each new estimate, this many times
 AGREE_MS = 1.0  # otherwise the delay moves only for two estimates of the shift this close
 RESUME_FIRST_S = 0.5  # after a resume, a new estimate from this much uplink after it
@@ -227,12 +232,14 @@ class EchoCanceller:
         echo's shift since the accepted estimate (DelayEstimator.shift_since): where two
         estimates agree (one thrown by the user's own speech must not move a working filter),
         and at once after a resume. A stage doubted at a resume is trusted again where the echo
-        did not move (stages.LinearStage.trust), and rebuilt on what followed the resume where
+        did not move (linear.LinearStage.trust), and rebuilt on what followed the resume where
         it did. AEC3's reference follows the accepted delay (alignment.py)."""
         self._ceiling.measured_delay(estimate)
         resumed, self._resumed = self._resumed, False
         stage = self._linear
-        early = stage is None or (not stage.converged and not stage.doubted and self._rebuilds < EARLY_REBUILDS)
+        early = stage is None or (
+            not stage.converged and not stage.doubted and self._rebuilds < EARLY_REBUILDS
+        )
         if early and stage is not None and self._accepted_ms is not None:
             # a stage still gathering its evidence is rebuilt (more audio, more passes) only where
             # the echo moved or it is failing: a rebuild starts its evidence again

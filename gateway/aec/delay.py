@@ -32,7 +32,8 @@ import numpy as np
 RATE = 16000
 DECIMATE = 4
 SAMPLES_PER_MS = RATE // 1000
-PROFILE_MS = (-50.0, 150.0)  # the correlation around its peak that `shift_since` matches: a room's reflections
+# the correlation around its peak that `shift_since` matches: the direct sound and a room's reflections
+PROFILE_MS = (-50.0, 150.0)
 MIN_PROFILE_MATCH = 0.6
 MAX_SHIFT_MS = 500.0  # the farthest `shift_since` looks
 MIC_FLOOR_RMS = 10.0  # an uplink this quiet (-70 dBFS) holds no echo worth measuring
