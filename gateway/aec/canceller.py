@@ -29,9 +29,10 @@ may have been longer or shorter than ours (0.1-0.2 s with a jitter buffer that
 waits for a few frames before it starts again), and a device can run dry on
 its own (bursty network). At a resume the stage is doubted and the delay
 measured again on what follows it alone; a filter the echo slipped away from
-shows it (linear.LinearStage.slipped) and is treated alike. The stage is
-trusted again where the echo did not move, rebuilt where it did, and AEC3's
-reference follows the accepted delay so that its filter fits again.
+shows it (linear.LinearStage.slipped) and is treated alike. The stage moves
+with the echo (the room did not change) and must show again that it cancels
+(linear.LinearStage.trust), else it is rebuilt on what followed the resume;
+AEC3's reference follows the accepted delay so that its filter fits again.
 
 Echo ceiling (ceiling.py): how loud the echo can be in each chunk, learnt
 without its delay. Far above it a chunk is the user's, whatever AEC3 makes of
@@ -42,7 +43,7 @@ Guard: while AEC3 may leak echo, a chunk that may only be echo and that the
 stage does not take for talk is muted: for the first GUARD_S of reply played
 (AEC3 can leak ~1 s into the first reply), for RESUME_GUARD_S after a resume or
 a slip, and while AEC3 shows that it leaks (over the last loud chunks that may
-only be echo it took off under 15 dB; converged it takes off 30-45). "May only
+only be echo it took off under 20 dB; converged it takes off 30-45). "May only
 be echo": the stage's Geigel test where it has learnt the echo path
 (linear.LinearStage.echo_like), else at or under the ceiling.
 """
@@ -76,8 +77,8 @@ EARLY_REBUILDS = 4  # an unconverged linear stage is rebuilt at each new estimat
 AGREE_MS = 1.0  # otherwise the delay moves only for two estimates of the shift this close
 RESUME_FIRST_S = 0.5  # after a resume, a new estimate from this much uplink after it
 LEAK_CHUNKS = 20  # AEC3's recent cancelling, over this many loud chunks that may only be echo ...
-LEAK = 10 ** (15.0 / 10)  # ... leaks below this (median)
-LOUD_RMS = 300.0  # ... chunks this loud (-40 dBFS)
+LEAK = 10 ** (20.0 / 10)  # ... leaks below this (median)
+LOUD_RMS = 100.0  # ... chunks this loud (-50 dBFS)
 TALK = 10 ** (TALK_DB / 10)
 ECHO = 10 ** (ECHO_DB / 10)
 
@@ -141,6 +142,7 @@ class EchoCanceller:
             # the device's pause may have differed from ours: the echo may have moved. Mute what may be
             # echo for a while, and measure the delay again on what follows the resume alone.
             self._guard_until_ms = capture_ms + RESUME_GUARD_S * 1000
+            self._leaks.clear()  # how AEC3 cancelled before says nothing of how it does now
             if self._accepted_ms is None:
                 self._restart_delay(capture_ms)
         if self._accepted_ms is not None:
@@ -159,6 +161,7 @@ class EchoCanceller:
             if self._linear.slipped:  # the device's playback moved: as after a resume
                 self._linear.doubt()
                 self._guard_until_ms = capture_ms + RESUME_GUARD_S * 1000
+                self._leaks.clear()
                 self._restart_delay(capture_ms)
         out = self._choose(pcm, capture_ms, out, ran)
         self.frames += 1
@@ -257,9 +260,13 @@ class EchoCanceller:
                     stage.trust(stage.delay_ms)
                 return
             self._accept(estimate if shift is None else self._accepted_ms + shift)
-            if stage is not None:
-                self._rebuilds = 0  # a new stage on the new alignment, as at the start
-                self._realign(self._accepted_ms, since_ms=self._restarted_ms)
+            if stage is not None and stage.doubted and shift is not None:
+                stage.trust(self._accepted_ms)  # moved with the echo, it must show that it cancels
+            elif stage is not None:
+                self._rebuild()
+            return
+        if stage is not None and stage.trust_failed:
+            self._rebuild()
             return
         if shift is None or abs(shift) < MOVE_MS or last is None or abs(shift - last) >= AGREE_MS:
             return
@@ -270,6 +277,12 @@ class EchoCanceller:
             stage.delay_ms = self._accepted_ms  # a few ms (clock drift): the filter adapts
         else:
             self._realign(self._accepted_ms)
+
+    def _rebuild(self) -> None:
+        """A new stage at the accepted delay, warmed up on what followed the last resume."""
+        self._rebuilds = 0  # rebuilt at each estimate until it converges, as at the start
+        if self._accepted_ms is not None:
+            self._realign(self._accepted_ms, since_ms=self._restarted_ms)
 
     def _accept(self, delay_ms: float) -> None:
         self._accepted_ms = delay_ms

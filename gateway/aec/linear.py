@@ -100,6 +100,7 @@ class LinearStage:
         self._doubted: tuple[list[bool], bool] | None = None  # the evidence before a doubt
         self._restore_in = 0  # chunks until the filter has forgotten the old alignment (trust)
         self._verifying = False
+        self.trust_failed = False  # it did not show that it cancels where it was trusted
 
     @staticmethod
     def create(delay_ms: float) -> LinearStage | None:
@@ -134,6 +135,7 @@ class LinearStage:
         self._hold = 0
         self._restore_in = 0
         self._verifying = False
+        self.trust_failed = False
         self._slips.clear()
         self.slipped = False
 
@@ -162,7 +164,8 @@ class LinearStage:
                 self._verifying = True
         elif self._verifying and len(self._below) >= VERIFY_CHUNKS:
             self._verifying = False
-            if sum(self._below) >= 0.5 * len(self._below):
+            self.trust_failed = sum(self._below) < 0.5 * len(self._below)
+            if not self.trust_failed:
                 below, converged = self._doubted
                 self._below.clear()
                 self._below.extend(below)
