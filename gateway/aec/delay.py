@@ -71,14 +71,6 @@ class DelayEstimator:
         self.delay_ms: float | None = None  # the last confident estimate
         self.profile: np.ndarray | None = None  # |correlation| of that estimate, per lag (4 kHz)
         self.estimates = 0
-        self.last_match = 0.0  # how well the last `shift_since` matched
-
-    def reset(self) -> None:
-        """Forgets the uplink held and the estimate."""
-        self._mic.clear()
-        self._held = self._since = 0
-        self._next_ms = None
-        self.delay_ms = None
 
     def restart(self) -> None:
         """Measures again from the next frame on (the echo may have moved): the uplink held is
@@ -160,7 +152,6 @@ class DelayEstimator:
         reach = int(MAX_SHIFT_MS * rate / 1000)
         near = np.arange(max(lo - reach, 0), min(lo + reach, scores.size - 1) + 1)
         best = int(near[np.argmax(scores[near])])  # the strongest overlap, not a lone weak peak's shape
-        self.last_match = float(match[best])
         if match[best] < MIN_PROFILE_MATCH:
             return None
         return -(best - lo) * DECIMATE / SAMPLES_PER_MS  # a later index is an earlier delay
