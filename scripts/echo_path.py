@@ -39,6 +39,25 @@ def room_impulse_response(length_ms: float = 30.0, rt60_ms: float = 120.0, seed:
     return rir / np.max(np.abs(rir))
 
 
+def reverberant_impulse_response(
+    length_ms: float = 400.0, rt60_ms: float = 500.0, drr_db: float = 5.0, seed: int = 0
+) -> np.ndarray:
+    """A loudspeaker and microphone in a reverberant room: the direct sound, then a diffuse tail
+    (exponentially decaying noise, -60 dB at `rt60_ms`) `drr_db` below it in energy (the
+    direct-to-reverberant ratio), the whole at unit energy: an EchoPath's gain is then the echo's
+    energy against the reference's. Most of the tail lies past any linear filter's span here
+    (SpeexDSP's 64 ms, AEC3's ~50): AEC3's suppressor has to take it."""
+    rng = np.random.default_rng(seed)
+    n = int(length_ms * RATE / 1000)
+    t = np.arange(n) / RATE
+    tail = rng.standard_normal(n) * np.exp(-6.9 * t / (rt60_ms / 1000))
+    tail[0] = 0.0
+    tail *= np.sqrt(10 ** (-drr_db / 10) / np.sum(tail**2))
+    rir = tail
+    rir[0] = 1.0
+    return rir / np.sqrt(np.sum(rir**2))
+
+
 @dataclass
 class EchoPath:
     delay_ms: float = 120.0

@@ -52,7 +52,7 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
   "$PY" -m pip install -q torch==2.13.0
 fi
 
-if ! "$PY" -c "import gateway, opuslib_next, fastapi, pytest_asyncio, kaldi_native_fbank, wetext, playwright" >/dev/null 2>&1 \
+if ! "$PY" -c "import gateway, opuslib_next, fastapi, pytest_asyncio, kaldi_native_fbank, wetext, playwright, mypy" >/dev/null 2>&1 \
    || [ pyproject.toml -nt .setup-stamp ] 2>/dev/null; then
   echo "setup: installing the project and its test and asr extras"
   "$PY" -m pip install -q -e ".[test,asr]"

@@ -2,78 +2,85 @@
 
 The cancelling itself is done by libraries (stages.py): WebRTC's AEC3 through
 `livekit` (why that binding: stages.py), and SpeexDSP's linear filter beside it
-(speex.py). While a reply plays AEC3 costs ~1.2 % of a core per session, with
-the linear stage ~1.8 % (scripts/bench_aec.py), so it runs on the event loop.
+(speex.py). While a reply plays it all costs ~2.5 % of a core per session
+(scripts/bench_aec.py), so it runs on the event loop.
 
-Alignment: each uplink frame is given the reference that the device played
-when the frame was captured.
-
-* v2 timestamps: every downlink packet carries its play start (ms on the
-  session clock); a server-AEC device copies the timestamp of the packet it
-  just played into its next uplink packets, so `end of capture - timestamp`
-  measures how late the device plays against our model (median of the last few).
-* otherwise (v1/v3, or a device that stamps nothing): the reference is read
-  ASSUMED_LAG_MS before the frame's capture time, and `DelayEstimator` measures
-  the echo delay; a delay past what AEC3 covers comfortably shifts the reference.
-
-The capture time of an uplink frame comes from counting its samples from an
-anchor (the arrival of the first frame less its duration); the anchor is reset
-when arrivals drift away from the count (the device paused its microphone).
+Alignment (alignment.py): each uplink frame gets a capture time (sample count
+from an anchor), and AEC3 the reference read an offset before it: from the v2
+timestamps, or without them ASSUMED_LAG_MS until `DelayEstimator` has measured
+the delay. The estimate is absolute (our play-time model to the uplink) and
+two-sided: a device whose uplink frame carries the frame it starts to play
+(issue 23's test of xiaozhi-sdk) puts its echo up to a frame ahead of our
+model, where AEC3 cannot cancel it; the reference then moves to leave AEC3 a
+lag it can handle.
 
 Double talk (`linear=True`, config `asr.aec_double_talk`, on by default):
 AEC3's suppressor takes 20-40 dB off the first 100-150 ms of speech that is
-about as loud as the echo, so the VAD can miss a barge-in. Once
-`DelayEstimator` has measured the delay (a first estimate from 0.5 s of the
-first reply), a linear stage (stages.LinearStage: SpeexDSP's filter on the
-reference pre-aligned by that delay, first run 3 times over the last couple of
-seconds of uplink so that it starts converged) runs beside AEC3; where its echo
-estimate shows the user talking, its output replaces AEC3's for that 10 ms.
-AEC3's own path is unchanged. Until the stage shows it converged it is rebuilt
-at each new estimate (every 0.5 s, more audio each time: converged ~1.5-2 s
-into the first reply); after that only for a move two estimates agree on.
-Where the reference resumes after a pause in playback, the stage is told to
-doubt its filter (stages.LinearStage.doubt).
+about as loud as the echo, so the VAD can miss a barge-in. A linear stage
+(linear.LinearStage: SpeexDSP's filter on the reference pre-aligned by the
+measured delay, first run 3 times over the last couple of seconds of uplink)
+runs beside AEC3; where its echo estimate shows the user talking, its output
+replaces AEC3's for that 10 ms. Until it shows it converged it is rebuilt at
+new estimates (more audio each time); after that it follows the delay
+(`_on_estimate`).
 
-Early guard (with the linear stage): AEC3 can leak echo ~0.8-1.7 s into a
-session's first reply, only ~10 dB under the microphone (bench, --seed 1: a
-false barge-in at 1.4 s). For the first GUARD_S of reply played, a 10 ms chunk
-that the stage does not take for talk and whose microphone peak is no louder
-than the echo path usually makes of the reference's recent peak (Geigel,
-stages.LinearStage.echo_like) is muted: there it can only be echo. Speech
-louder than the echo passes, and so does all that the stage takes for talk.
+The echo moves: where playback resumes after running dry, the device's pause
+may have been longer or shorter than ours (0.1-0.2 s with a jitter buffer that
+waits for a few frames before it starts again), and a device can run dry on
+its own (bursty network). At a resume the stage is doubted and the delay
+measured again on what follows it alone; a filter the echo slipped away from
+shows it (linear.LinearStage.slipped) and is treated alike. The stage moves
+with the echo (the room did not change) and must show again that it cancels
+(linear.LinearStage.trust), else it is rebuilt on what followed the resume;
+AEC3's reference follows the accepted delay so that its filter fits again.
+
+Echo ceiling (ceiling.py): how loud the echo can be in each chunk, learnt
+without its delay. Far above it a chunk is the user's, whatever AEC3 makes of
+it: with little or no echo (a clean uplink) AEC3, whose filter has nothing to
+converge on, ducked speech wherever we played (the user found 0.6-2 s late).
+
+Guard: while AEC3 may leak echo, a chunk that may only be echo and that the
+stage does not take for talk is muted: for the first GUARD_S of reply played
+(AEC3 can leak ~1 s into the first reply), for RESUME_GUARD_S after a resume or
+a slip, and while AEC3 shows that it leaks (over the last loud chunks that may
+only be echo it took off under 20 dB; converged it takes off 30-45). "May only
+be echo": the stage's Geigel test where it has learnt the echo path
+(linear.LinearStage.echo_like), else at or under the ceiling.
 """
 
 from __future__ import annotations
 
 import logging
-import statistics
 from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
+from gateway.aec.alignment import Aec3Alignment, CaptureClock
+from gateway.aec.ceiling import ECHO_DB, TALK_DB, EchoCeiling
 from gateway.aec.delay import DelayEstimator
+from gateway.aec.linear import HOLD_CHUNKS, LEAD_MS, LinearStage
 from gateway.aec.reference import RATE, SAMPLES_PER_MS, EchoReference
-from gateway.aec.stages import CHUNK, LEAD_MS, Aec3, LinearStage
+from gateway.aec.stages import CHUNK, Aec3
 
 log = logging.getLogger(__name__)
 
-REANCHOR_MS = 250.0  # arrivals this far from the sample count: the stream restarted
-SHIFT_ABOVE_MS = 500.0  # estimated delays beyond this shift the reference (AEC3 measured fine to 600)
-SHIFT_MARGIN_MS = 60.0  # ... leaving AEC3 this much delay to find itself
-# without timestamps, the echo is at least this late on our play-time model (the device's output
-# buffers, the network both ways): reading the reference this much earlier spares AEC3 a search
-# that made it leak echo 1-2 s into a first reply (bench, Opus uplink: false barge-ins in 3 of
-# 40 echo-only replies at 0 ms, none at 20)
-ASSUMED_LAG_MS = 20.0
 GUARD_S = 2.0  # AEC3 may leak echo this early in a session (s of reply played): the early guard
+RESUME_GUARD_S = 1.5  # ... and this long after playback resumes (the echo may have moved)
 ACTIVE_RMS = 50.0  # a reference frame this loud counts towards ERLE
 CONVERGE_S = 1.0  # reference playing this long before ERLE counts
-REALIGN_MS = 15.0  # a delay estimate this far from the linear stage's alignment rebuilds it
+MOVE_MS = 2.0  # the echo moved this far since the accepted estimate: the delay moves
+SMALL_MOVE_MS = 5.0  # ... a linear stage moved this little is moved as it is (it adapts); further, rebuilt
 WARM_UP_S = 2.0  # uplink kept to run a new linear stage over before it takes over
-WARM_UP_PASSES = 3  # ... this many times over (stages.LinearStage.warm_up)
+WARM_UP_PASSES = 3  # ... this many times over (linear.LinearStage.warm_up)
 EARLY_REBUILDS = 4  # an unconverged linear stage is rebuilt at each new estimate, this many times
-AGREE_MS = 5.0  # a converged stage moves only for two estimates this close to each other
+AGREE_MS = 1.0  # otherwise the delay moves only for two estimates of the shift this close
+RESUME_FIRST_S = 0.5  # after a resume, a new estimate from this much uplink after it
+LEAK_CHUNKS = 20  # AEC3's recent cancelling, over this many loud chunks that may only be echo ...
+LEAK = 10 ** (20.0 / 10)  # ... leaks below this (median)
+LOUD_RMS = 100.0  # ... chunks this loud (-50 dBFS)
+TALK = 10 ** (TALK_DB / 10)
+ECHO = 10 ** (ECHO_DB / 10)
 
 
 @dataclass
@@ -87,19 +94,31 @@ class EchoStats:
 class EchoCanceller:
     def __init__(self, reference: EchoReference, *, linear: bool = False) -> None:
         self.reference = reference
-        # the linear stage waits for the delay: a first estimate after 1.5 s instead of 2
-        self.delay = DelayEstimator(window_s=1.5, every_s=0.5, first_s=0.5) if linear else DelayEstimator()
+        read = reference.read
+        # the linear stage waits for the delay: a first estimate after 0.5 s, then every 0.5 s
+        self.delay = (
+            DelayEstimator(read, window_s=1.5, every_s=0.5, first_s=RESUME_FIRST_S)
+            if linear
+            else DelayEstimator(read, first_s=RESUME_FIRST_S)
+        )
         self._use_linear = linear
         self._aec3 = Aec3()
+        self._alignment = Aec3Alignment()
+        self._clock = CaptureClock()
+        self._ceiling = EchoCeiling(read)
+        self._talk_hold = 0
+        self.guarding = False  # the last frame muted what may only be echo (AEC3 may leak)
+        self._leaks: deque[float] = deque(maxlen=LEAK_CHUNKS)  # mic / AEC3 output powers, echo alone
+        self._guard_until_ms = 0.0  # capture time: muting what may be echo (AEC3 may leak) until then
         self._linear: LinearStage | None = None  # once the delay is measured
         self._rebuilds = 0
-        self._last_estimate: float | None = None
+        self._accepted_ms: float | None = None  # the delay the stage and AEC3's reference follow
+        self._anchor: np.ndarray | None = None  # the estimator's profile where it was accepted
+        self._last_shift: float | None = None
+        self._resumed = False  # playback resumed since the last estimate
+        self._restarted_ms = 0.0  # capture time from which the delay is measured again
         self._recent: deque[tuple[float, np.ndarray]] = deque()  # (capture ms, uplink pcm) to warm up on
         self._recent_samples = 0
-        self._anchor_ms: float | None = None
-        self._samples = 0
-        self._offsets: deque[float] = deque(maxlen=9)  # capture time - v2 timestamp, recent
-        self._shift_ms = ASSUMED_LAG_MS
         self._active_s = 0.0
         self._mic_energy = 0.0
         self._out_energy = 0.0
@@ -112,62 +131,163 @@ class EchoCanceller:
         pcm = np.asarray(pcm, np.int16)
         if not pcm.size:
             return pcm
-        capture_ms = self._capture_time(pcm.size, arrival_ms)
+        capture_ms = self._clock.capture_time(pcm.size, arrival_ms)
+        duration_ms = pcm.size / SAMPLES_PER_MS
         if timestamp_ms:  # the stamp of the packet playing as the frame's capture ended
-            self._note_timestamp(capture_ms + pcm.size / SAMPLES_PER_MS, timestamp_ms)
-        ref_start = capture_ms - self._offset_ms()
+            self._alignment.note_stamp(capture_ms + duration_ms, timestamp_ms)
+        ref_start = capture_ms - self._alignment.offset_ms
         ref = self.reference.read(ref_start, pcm.size)
         out = self._aec3.run(pcm, ref)
+        if self._resumed_in(ref_start, ref_start + duration_ms):
+            # the device's pause may have differed from ours: the echo may have moved. Mute what may be
+            # echo for a while, and measure the delay again on what follows the resume alone.
+            self._guard_until_ms = capture_ms + RESUME_GUARD_S * 1000
+            self._leaks.clear()  # how AEC3 cancelled before says nothing of how it does now
+            if self._accepted_ms is None:
+                self._restart_delay(capture_ms)
+        if self._accepted_ms is not None:
+            echo_ms = capture_ms - self._accepted_ms  # where the echo in this frame was played
+            if self._resumed_in(echo_ms - LEAD_MS, echo_ms - LEAD_MS + duration_ms):
+                self._restart_delay(capture_ms)
+        ran = None
         if self._linear is not None:
-            # the stage's alignment is absolute (base offset + delay when built): a v2 median that
-            # moves by a few ms must not move the reference under an adapted filter
+            # the stage's alignment is absolute: a v2 median that moves by a few ms must not move
+            # the reference under an adapted filter
             aligned_ms = capture_ms - self._linear.delay_ms + LEAD_MS
-            if self._resumed_in(aligned_ms, aligned_ms + pcm.size / SAMPLES_PER_MS):
-                self._linear.doubt()  # the device's pause may have differed: the echo may have moved
+            if self._resumed_in(aligned_ms, aligned_ms + duration_ms):
+                self._linear.doubt()
             aligned = self.reference.read(aligned_ms, pcm.size)
             ran = self._linear.run(pcm, aligned)  # None: nothing played lately
-            if ran is not None:  # where the user talks, the linear output has them whole
-                linear, double_talk = ran
-                for k in np.flatnonzero(double_talk):
-                    out[k * CHUNK : (k + 1) * CHUNK] = linear[k * CHUNK : (k + 1) * CHUNK]
-                if self._active_s < GUARD_S:
-                    for k in np.flatnonzero(self._linear.echo_like()):
-                        out[k * CHUNK : (k + 1) * CHUNK] = 0
+            if self._linear.slipped:  # the device's playback moved: as after a resume
+                self._linear.doubt()
+                self._guard_until_ms = capture_ms + RESUME_GUARD_S * 1000
+                self._leaks.clear()
+                self._restart_delay(capture_ms)
+        out = self._choose(pcm, capture_ms, out, ran)
         self.frames += 1
         self._account(pcm, ref, out)
         if self._use_linear:
             self._keep(capture_ms, pcm)
-        estimate = self.delay.push(pcm, ref)
-        if estimate is not None and not self._offsets and estimate > SHIFT_ABOVE_MS:
-            self._shift_ms += estimate - SHIFT_MARGIN_MS
-            self.delay.reset()  # its audio was read at the old alignment
-            self._linear = None  # ... and so was the linear stage's
-        elif self._use_linear and estimate is not None:
-            estimate += self._offset_ms()  # absolute: from our play-time model to the uplink
-            if self._moves_linear(estimate):
-                self._realign(estimate)
-            self._last_estimate = estimate
+        estimate = self.delay.push(pcm, capture_ms)  # absolute: from our play-time model to the uplink
+        if estimate is not None:
+            self._on_estimate(estimate)
         return out
+
+    def _choose(
+        self, pcm: np.ndarray, capture_ms: float, out: np.ndarray, ran: tuple[np.ndarray, np.ndarray] | None
+    ) -> np.ndarray:
+        """Per 10 ms chunk: AEC3's output; where the user talks, their words whole (the linear
+        stage's double talk, or far above what the echo can be: the ceiling); while AEC3 may leak
+        (the guards), nothing where it may be echo."""
+        chunks = pcm.size // CHUNK
+        if not chunks:
+            return out
+        power = np.mean(pcm[: chunks * CHUNK].astype(np.float64).reshape(chunks, CHUNK) ** 2, axis=1)
+        bound = self._ceiling.push(power, capture_ms)
+        learnt = self._ceiling.gain2 is not None
+        talk = np.zeros(chunks, bool) if ran is None else ran[1]
+        whole = pcm if ran is None else ran[0]  # the linear stage's output: less the echo it predicts
+        stage = self._linear
+        if ran is not None and stage is not None and stage.learnt and not stage.doubted:
+            may_be_echo = stage.echo_like()  # aligned: what the echo path makes of the reference just played
+        else:
+            may_be_echo = power <= bound * ECHO  # wherever the echo is: the ceiling
+        leaking = self._aec3_leaking(power, out, may_be_echo & ~talk)
+        guard = self._active_s < GUARD_S or capture_ms < self._guard_until_ms or leaking
+        self.guarding = guard
+        for k in range(chunks):
+            part = slice(k * CHUNK, (k + 1) * CHUNK)
+            if learnt and power[k] > bound[k] * TALK:
+                self._talk_hold = HOLD_CHUNKS
+            elif self._talk_hold:
+                self._talk_hold -= 1
+            elif not talk[k]:
+                if guard and may_be_echo[k]:
+                    out[part] = 0
+                continue
+            out[part] = whole[part]
+        return out
+
+    def _restart_delay(self, capture_ms: float) -> None:
+        self.delay.restart()
+        self._resumed = True
+        self._restarted_ms = capture_ms
+
+    def _aec3_leaking(self, power: np.ndarray, out: np.ndarray, echo: np.ndarray) -> bool:
+        """Whether AEC3 lets echo through: over the last LEAK_CHUNKS loud chunks that may only be
+        echo, it took off less than LEAK_DB (median). Converged it takes off 30-45 dB; it leaks
+        for seconds where the echo moved (the device resumed later or sooner than we did, or ran
+        dry) or early on, at times only 5 dB. The user's words under the echo's level count too;
+        the guard then mutes them, as AEC3 would duck most of them."""
+        chunks = power.size
+        kept = out[: chunks * CHUNK].astype(np.float64).reshape(chunks, CHUNK)
+        left = np.mean(kept**2, axis=1)
+        for k in np.flatnonzero(echo & (power > LOUD_RMS**2)):
+            self._leaks.append(float(power[k] / max(left[k], 1.0)))
+        return len(self._leaks) >= LEAK_CHUNKS // 4 and float(np.median(self._leaks)) < LEAK
 
     def _resumed_in(self, start_ms: float, end_ms: float) -> bool:
         return any(start_ms <= t < end_ms for t in self.reference.resumes)
 
-    def _moves_linear(self, estimate: float) -> bool:
-        """Whether a new delay estimate rebuilds the linear stage.
-
-        Before it has converged: at each estimate (more audio, more passes), a few times.
-        Once converged: only for a move of REALIGN_MS that two estimates agree on, so that an
-        estimate thrown by the user's own speech does not throw away a working filter.
-        """
+    def _on_estimate(self, estimate: float) -> None:
+        """A new delay estimate. Until the linear stage has converged it is rebuilt at each
+        estimate (more audio, more passes), at the estimate. After that the delay moves by the
+        echo's shift since the accepted estimate (DelayEstimator.shift_since): where two
+        estimates agree (one thrown by the user's own speech must not move a working filter),
+        and at once after a resume. A stage doubted at a resume is trusted again where the echo
+        did not move (linear.LinearStage.trust), and rebuilt on what followed the resume where
+        it did. AEC3's reference follows the accepted delay (alignment.py)."""
+        self._ceiling.measured_delay(estimate)
+        resumed, self._resumed = self._resumed, False
         stage = self._linear
-        if stage is None or (not stage.converged and self._rebuilds < EARLY_REBUILDS):
-            return True
-        last = self._last_estimate
-        return (
-            abs(estimate - stage.delay_ms) >= REALIGN_MS
-            and last is not None
-            and abs(estimate - last) < AGREE_MS
+        early = stage is None or (
+            not stage.converged and not stage.doubted and self._rebuilds < EARLY_REBUILDS
         )
+        if early and stage is not None and self._accepted_ms is not None:
+            # a stage still gathering its evidence is rebuilt (more audio, more passes) only where
+            # the echo moved or it is failing: a rebuild starts its evidence again
+            early = abs(estimate - stage.delay_ms) >= MOVE_MS or stage.failing
+        if self._accepted_ms is None or self._anchor is None or (early and self._use_linear):
+            self._accept(estimate)
+            if self._use_linear:
+                self._realign(estimate)
+            return
+        shift = self.delay.shift_since(self._anchor)
+        last, self._last_shift = self._last_shift, shift
+        if resumed:
+            if shift is not None and abs(shift) < MOVE_MS:
+                if stage is not None and stage.doubted:
+                    stage.trust(stage.delay_ms)
+                return
+            self._accept(estimate if shift is None else self._accepted_ms + shift)
+            if stage is not None and stage.doubted and shift is not None:
+                stage.trust(self._accepted_ms)  # moved with the echo, it must show that it cancels
+            elif stage is not None:
+                self._rebuild()
+            return
+        if stage is not None and stage.trust_failed:
+            self._rebuild()
+            return
+        if shift is None or abs(shift) < MOVE_MS or last is None or abs(shift - last) >= AGREE_MS:
+            return
+        self._accept(self._accepted_ms + shift)
+        if stage is None or stage.doubted:
+            return
+        if abs(self._accepted_ms - stage.delay_ms) <= SMALL_MOVE_MS:
+            stage.delay_ms = self._accepted_ms  # a few ms (clock drift): the filter adapts
+        else:
+            self._realign(self._accepted_ms)
+
+    def _rebuild(self) -> None:
+        """A new stage at the accepted delay, warmed up on what followed the last resume."""
+        self._rebuilds = 0  # rebuilt at each estimate until it converges, as at the start
+        if self._accepted_ms is not None:
+            self._realign(self._accepted_ms, since_ms=self._restarted_ms)
+
+    def _accept(self, delay_ms: float) -> None:
+        self._accepted_ms = delay_ms
+        self._anchor = self.delay.profile
+        self._alignment.follow(delay_ms)
 
     def _keep(self, capture_ms: float, pcm: np.ndarray) -> None:
         self._recent.append((capture_ms, pcm))
@@ -175,8 +295,9 @@ class EchoCanceller:
         while self._recent_samples - self._recent[0][1].size >= WARM_UP_S * RATE:
             self._recent_samples -= self._recent.popleft()[1].size
 
-    def _realign(self, delay_ms: float) -> None:
-        """A linear stage aligned to `delay_ms`, run over the recent uplink, takes over."""
+    def _realign(self, delay_ms: float, *, since_ms: float | None = None) -> None:
+        """A linear stage aligned to `delay_ms`, run over the recent uplink (captured from
+        `since_ms` on: after a resume, the echo before it sat elsewhere), takes over."""
         stage = LinearStage.create(delay_ms)
         if stage is None:
             self._use_linear = False
@@ -184,33 +305,12 @@ class EchoCanceller:
         frames = [
             (pcm, self.reference.read(capture_ms - delay_ms + LEAD_MS, pcm.size))
             for capture_ms, pcm in self._recent
+            if since_ms is None or capture_ms >= since_ms
         ]
         stage.warm_up(frames, WARM_UP_PASSES)
         self._linear = stage
         self._rebuilds += 1
         log.debug("echo canceller's linear stage aligned to %.1f ms", delay_ms)
-
-    def _capture_time(self, samples: int, arrival_ms: float) -> float:
-        duration = samples / SAMPLES_PER_MS
-        if self._anchor_ms is not None:
-            predicted = self._anchor_ms + self._samples / SAMPLES_PER_MS
-            if abs(arrival_ms - duration - predicted) > REANCHOR_MS:
-                self._anchor_ms = None
-        if self._anchor_ms is None:
-            self._anchor_ms = arrival_ms - duration
-            self._samples = 0
-        capture = self._anchor_ms + self._samples / SAMPLES_PER_MS
-        self._samples += samples
-        return capture
-
-    def _note_timestamp(self, capture_ms: float, timestamp_ms: int) -> None:
-        # timestamps are the low 32 bits of the session clock (ms)
-        offset = (int(capture_ms) - timestamp_ms) % (1 << 32)
-        if offset < 2000:  # a stale or foreign stamp is ignored
-            self._offsets.append(float(offset))
-
-    def _offset_ms(self) -> float:
-        return statistics.median(self._offsets) if self._offsets else self._shift_ms
 
     # ---- figures -----------------------------------------------------------------
 
@@ -238,7 +338,7 @@ class EchoCanceller:
     @property
     def delay_ms(self) -> float | None:
         """Estimated delay from our play-time model to the echo in the uplink."""
-        return None if self.delay.delay_ms is None else self._offset_ms() + self.delay.delay_ms
+        return self.delay.delay_ms
 
     def stats(self) -> EchoStats:
-        return EchoStats(self.erle_db, self.delay_ms, self.frames, bool(self._offsets))
+        return EchoStats(self.erle_db, self.delay_ms, self.frames, self._alignment.stamped)

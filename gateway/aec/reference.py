@@ -23,7 +23,7 @@ SAMPLES_PER_MS = RATE // 1000
 
 
 class EchoReference:
-    def __init__(self, *, keep_s: float = 4.0) -> None:
+    def __init__(self, *, keep_s: float = 6.0) -> None:
         self._ring = np.zeros(int(keep_s * RATE), np.int16)
         self._end = 0  # absolute sample index after the last written sample
         self._decoder = OpusDecoder(RATE)

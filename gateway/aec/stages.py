@@ -1,76 +1,24 @@
-"""The cancelling stages of a session's echo canceller: SpeexDSP's linear filter, then AEC3.
+"""WebRTC's AEC3, the canceller's main stage (the linear stage beside it: linear.py).
 
 AEC3 (WebRTC's audio processing module through `livekit`'s
 `rtc.AudioProcessingModule`, a manylinux wheel that runs locally, no LiveKit
 server involved) removes the echo: its own delay search, adaptive filter and
 residual-echo suppressor give 40+ dB of ERLE. It also suppresses the first
-100-150 ms of speech that starts over a loud reply (see speex.py).
+100-150 ms of speech that starts over a loud reply (see speex.py), and, where
+there is little or no echo for its filter to converge on, whatever the
+microphone hears while we play (canceller.py: the echo ceiling).
 `aec-audio-processing` (another AEC3 binding) ships only an sdist that needs a
 C++ toolchain at install. Both libraries work in 10 ms frames at 16 kHz.
-
-`LinearStage` (on by default, config `asr.aec_double_talk`): SpeexDSP's linear
-filter on the uplink, beside AEC3, given the reference pre-aligned by the
-measured delay. Its own echo estimate (its input less its output) tells where
-the user talks. The uplink is Opus-coded, and its codec noise is echo that no
-linear filter removes: with the echo alone a converged filter leaves ~-15 dB of
-its echo estimate (a 10 ms chunk now and then ~-5 dB). A chunk is the user's
-speech over the echo when (1) the filter has shown that it converged (half the
-recent chunks with echo left under -10 dB), (2) it left more than -5 dB of the
-estimate (and more than a floor), and (3) Geigel's test passes: the microphone
-peaks above what the echo path usually makes of the reference's recent peak
-(codec noise passes (2) at times, never (3)). A chunk that left +5 dB over the
-estimate is talk even where (3) fails: at a barge-in's start the two tests
-often pass in alternate chunks, and the VAD, given the speech piecemeal,
-found it up to 470 ms late. There the linear output (speech whole) replaces
-AEC3's (speech ducked), and a chunk that passed all three tests and left +5 dB
-over the estimate holds that for 150 ms: speech is continuous, the tests are
-not, and the VAD needs whole syllables (one +5 dB chunk of echo alone, held,
-was a false barge-in in the bench; unheld it is 10 ms the VAD ignores).
-`echo_like` (the chunks that fail (3) and are not talk) serves the canceller's
-early guard (canceller.py). A new stage is first run 3 times over the last
-couple of seconds of uplink (`warm_up`: converged ~1.5-2 s into the first
-reply instead of ~2.5-3). Where playback resumes after running dry, the
-device's pause may have been a few ms longer or shorter than ours, which moves
-the echo against the filter (a filter 30 ms off leaves the echo whole, and it
-passes every test): the canceller calls `doubt`, and the stage detects no
-double talk until it has shown again that it cancels. While the reference has
-been silent for longer than the filter's span the stage does not run at all.
-
-Tried and dropped: the linear filter in front of AEC3 (a cascade) found every
-bench barge-in in time, but in the real-time loopback test
-(tests/test_aec_session.py) timing jitter moved the echo against the aligned
-reference and AEC3, adapted to the filter's small residual, let echo through:
-false barge-ins in 3 of 6 runs.
 """
 
 from __future__ import annotations
-
-import logging
-from collections import deque
 
 import numpy as np
 from livekit import rtc
 
 from gateway.aec.reference import RATE
-from gateway.aec.speex import SpeexEchoCanceller, SpeexUnavailable
-
-log = logging.getLogger(__name__)
 
 CHUNK = RATE // 100  # both libraries take 10 ms frames
-LINEAR_TAPS = 1024  # the linear filter: 64 ms of echo response from the aligned delay on
-NEAR_FLOOR_RMS = 100.0  # double talk needs this much left after the linear filter (-50 dBFS)
-ECHO_FLOOR_RMS = 100.0  # chunks with this much predicted echo tell how well the linear stage cancels
-CONVERGED_SHARE = 10 ** (-10.0 / 10)  # ... it has converged when half of them left less than -10 dB
-NEAR_TO_ECHO = 0.3  # ... and at least this share of the echo it predicted (-5 dB; echo alone: ~-15, Opus)
-GEIGEL_LEARNT = 20  # Geigel's test needs this many echo-alone chunks to know the echo path's gain
-SILENT_CHUNKS = 8  # the aligned reference silent this long (> LEAD_MS + the filter's span): nothing to do
-HOLD_TO_ECHO = 3.0  # talk that left this share of the echo (+5 dB) ...
-HOLD_CHUNKS = 15  # ... holds talk this many chunks on
-GEIGEL_CHUNKS = 7  # the reference's recent peak: over the filter's span (64 ms + LEAD_MS)
-GEIGEL_REF_FLOOR = 1000.0  # ... learnt from chunks whose reference peaked above this (-30 dBFS)
-GEIGEL_MARGIN = 0.7  # ... double talk peaks above this times the echo path's usual peak gain
-GUARD_GAIN = 1.0  # echo_like before the echo path's peak gain is learnt: 0 dB, more than any path
-LEAD_MS = 10.0  # the aligned reference runs this far ahead of the echo (estimate error; causal filter)
 
 
 class Aec3:
@@ -91,130 +39,3 @@ class Aec3:
             self._apm.process_stream(near)
             out[i : i + CHUNK] = np.frombuffer(near.data, np.int16)
         return out
-
-
-class LinearStage:
-    """SpeexDSP's linear filter on a reference aligned to `delay_ms`, and the double-talk test."""
-
-    def __init__(self, delay_ms: float) -> None:
-        self.delay_ms = delay_ms
-        self._speex = SpeexEchoCanceller(frame=CHUNK, filter_length=LINEAR_TAPS, rate=RATE)
-        self._below: deque[bool] = deque(maxlen=100)  # recent chunks with echo: left well under it?
-        self._gains: deque[float] = deque(maxlen=300)  # mic peak / recent reference peak, echo alone
-        self._ref_peaks = np.zeros(GEIGEL_CHUNKS - 1)
-        self._silent = SILENT_CHUNKS  # chunks since the aligned reference last had a sample
-        self.converged = False
-        self._hold = 0
-        self._last_gain = np.zeros(0)  # per chunk of the last `run`: microphone peak / reference's
-        self._last_talk = np.zeros(0, bool)
-
-    @staticmethod
-    def create(delay_ms: float) -> LinearStage | None:
-        """None without libspeexdsp (logged)."""
-        try:
-            return LinearStage(delay_ms)
-        except SpeexUnavailable as exc:
-            log.warning("server AEC without its linear stage (weaker at double talk): %s", exc)
-            return None
-
-    def warm_up(self, frames: list[tuple[np.ndarray, np.ndarray]], passes: int) -> None:
-        """Adapts over past (uplink, aligned reference) frames `passes` times over.
-
-        An MDF filter given the same echo again keeps adapting: 3 passes over 1.5 s of reply
-        leave ~-22 dB where one pass leaves ~-15 (the bench's slowest path). None of it counts
-        towards convergence: on audio it was trained on the filter looks better than it is
-        (taken as converged that early, it let echo through as double talk in the bench).
-        """
-        for _ in range(passes):
-            for mic, ref in frames:
-                self.run(mic, ref)
-        self._below.clear()
-        self.converged = False
-
-    def doubt(self) -> None:
-        """The echo may have moved against the filter (playback resumed after a pause): no double
-        talk until the filter has shown again that it cancels."""
-        self._below.clear()
-        self.converged = False
-        self._hold = 0
-
-    def run(self, mic: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """The linear filter's output for the whole 10 ms chunks of `mic`, and which are double talk.
-
-        None while the aligned reference has been silent for longer than the filter's span:
-        there is no echo to cancel, nothing for the filter to learn, and AEC3's output is
-        the one to use (this keeps the stage's cost to the times we play).
-        """
-        whole = mic.size - mic.size % CHUNK
-        if not whole:
-            return None
-        heard = np.abs(ref[:whole].reshape(-1, CHUNK)).max(axis=1) > 0
-        if self._silent >= SILENT_CHUNKS and not heard.any():
-            return None
-        last = np.flatnonzero(heard)
-        self._silent = whole // CHUNK - 1 - int(last[-1]) if last.size else self._silent + whole // CHUNK
-        linear = self._speex.cancel(mic[:whole], ref[:whole])
-        return linear, self._double_talk(mic[:whole], ref[:whole], linear)
-
-    def _double_talk(self, mic: np.ndarray, ref: np.ndarray, linear: np.ndarray) -> np.ndarray:
-        """Per 10 ms chunk: the user talks over the echo (both tests below pass, or the first
-        one by far: what the filter left is +5 dB over its echo estimate).
-
-        1. What the linear filter left is loud against the echo it predicted; only once the
-           filter has shown it cancels (half the recent chunks with echo left well under it):
-           an unconverged filter leaves echo, not speech.
-        2. Geigel's test: the microphone peaks above anything the echo path has made of the
-           reference's loudest recent sample. The uplink is Opus-coded: its codec noise
-           (~-15 dB of the echo, often -5 dB in a 10 ms chunk) is echo no linear filter can
-           remove, and passes the first test alone (false barge-ins in the real-time test).
-        """
-        left = np.mean(linear.astype(np.float64).reshape(-1, CHUNK) ** 2, axis=1)
-        echo = np.mean((mic.astype(np.float64) - linear).reshape(-1, CHUNK) ** 2, axis=1)
-        mic_peak = np.abs(mic.reshape(-1, CHUNK)).max(axis=1).astype(np.float64)
-        peaks = np.concatenate([self._ref_peaks, np.abs(ref.reshape(-1, CHUNK)).max(axis=1)])
-        n = peaks.size - GEIGEL_CHUNKS + 1
-        window = peaks[:n].copy()
-        for k in range(1, GEIGEL_CHUNKS):  # the running max over GEIGEL_CHUNKS chunks
-            np.maximum(window, peaks[k : k + n], out=window)
-        window += 1.0
-        self._ref_peaks = peaks[-(GEIGEL_CHUNKS - 1) :]
-        gain = mic_peak / window
-        talk = (left > NEAR_FLOOR_RMS**2) & (left > echo * NEAR_TO_ECHO)
-        strong = left > echo * HOLD_TO_ECHO
-        alone = np.zeros_like(talk)  # well above the echo: talk even where Geigel's test fails ...
-        if not self.converged or len(self._gains) < GEIGEL_LEARNT:
-            talk[:] = False
-        elif talk.any():
-            alone = talk & strong
-            talk &= gain > GEIGEL_MARGIN * float(np.percentile(self._gains, 95))
-        talk = self._hold_on(talk, strong) | alone  # ... but only talk that passed it holds talk on
-        self._last_gain, self._last_talk = gain, talk
-        with_echo = (echo > ECHO_FLOOR_RMS**2) & ~talk  # the user's speech says nothing of the filter
-        below_now = (left[with_echo] < echo[with_echo] * CONVERGED_SHARE).tolist()
-        self._below.extend(below_now)
-        self._gains.extend(gain[with_echo & (window > GEIGEL_REF_FLOOR)].tolist())
-        below = self._below
-        self.converged = len(below) >= below.maxlen // 2 and sum(below) >= 0.5 * len(below)
-        return talk
-
-    def echo_like(self) -> np.ndarray:
-        """Per chunk of the last `run`: no talk, and the microphone no louder than the echo path
-        usually makes of the reference's recent peak (Geigel; its 95th percentile), for the
-        canceller's early guard."""
-        learnt = len(self._gains) >= GEIGEL_LEARNT
-        bound = float(np.percentile(self._gains, 95)) if learnt else GUARD_GAIN
-        return ~self._last_talk & (self._last_gain <= bound)
-
-    def _hold_on(self, talk: np.ndarray, strong: np.ndarray) -> np.ndarray:
-        """A talk chunk that left well above the echo holds talk for HOLD_CHUNKS: speech is
-        continuous, the tests are not (a syllable's quiet parts, the echo's loud ones), and the
-        VAD needs whole syllables. Weak ones do not: a filter the echo has slipped away from a
-        little (timing jitter) leaves about as much as the echo, at times taken for talk."""
-        held = talk.copy()
-        for k in range(talk.size):
-            if talk[k] and strong[k]:
-                self._hold = HOLD_CHUNKS
-            elif self._hold:
-                self._hold -= 1
-                held[k] = True
-        return held
