@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select, update
 
 from gateway.llm.memory_store import MEMORY_SCHEMA, memory_summaries, memory_turns
 from gateway.store import Store, StoreUnavailable
@@ -91,6 +91,51 @@ async def test_a_store_down_at_start_up_is_migrated_when_it_is_back(own_postgres
     assert time.monotonic() - started < TIMEOUT_S + SLACK_S
     own_postgres.start()
     assert await _read_count(store) == 0  # the first call ran the migrations: the table exists
+    await store.close()
+
+
+async def _hold_then_wait(store: Store) -> tuple[float, str]:
+    """One write holds its transaction open (the row, SQLite's write lock, the only pooled connection);
+    another write on the same row waits for it; how long until it gave up, and why."""
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:
+        async with store.write(timeout_s=30) as conn:  # outlasts the other's wait
+            await conn.execute(update(memory_summaries).values(summary="held"))
+            holding.set()
+            await release.wait()
+
+    holder = asyncio.create_task(hold())
+    await holding.wait()
+    started = time.monotonic()
+    try:
+        with pytest.raises(StoreUnavailable) as err:
+            async with store.write() as conn:
+                await conn.execute(update(memory_summaries).values(summary="waited"))
+        return time.monotonic() - started, str(err.value)
+    finally:
+        release.set()
+        await holder
+
+
+@pytest.mark.parametrize("pool_size", [1, 5])
+async def test_a_write_waiting_for_a_busy_store_gives_up_within_its_bound(
+    store_url: str, pool_size: int
+) -> None:
+    """pool_size 1: the wait is for the pool's one connection; 5: for the row (PostgreSQL's lock_timeout)
+    or SQLite's write lock (its busy timeout). Either way StoreUnavailable within the bound, and then
+    the store works."""
+    store = Store(
+        store_url, schemas=[MEMORY_SCHEMA], timeout_s=TIMEOUT_S, pool_size=pool_size, max_overflow=0
+    )
+    await store.open()
+    async with store.write() as conn:
+        await conn.execute(insert(memory_summaries).values(device_id="dev", summary="first"))
+    elapsed, message = await _hold_then_wait(store)
+    assert TIMEOUT_S * 0.9 <= elapsed < TIMEOUT_S + SLACK_S, elapsed
+    assert "unavailable" in message
+    async with store.read() as conn:
+        assert (await conn.execute(select(memory_summaries.c.summary))).scalar_one() == "held"
     await store.close()
 
 
