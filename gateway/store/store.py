@@ -100,11 +100,9 @@ class Store:
         self.dialect = self.url.get_backend_name()  # "sqlite" or "postgresql"
         self.safe_url = redact(self.url)
         self.pool_size, self.max_overflow = pool_size, max_overflow
-        self.connect_timeout_s, self.timeout_s, self.migrate_timeout_s = (
-            connect_timeout_s,
-            timeout_s,
-            migrate_timeout_s,
-        )
+        self.connect_timeout_s = connect_timeout_s
+        self.timeout_s = timeout_s
+        self.migrate_timeout_s = migrate_timeout_s
         self._engine: AsyncEngine | None = None
         self._reader: AsyncEngine | None = None
         self._writer: AsyncEngine | None = None
@@ -160,8 +158,10 @@ class Store:
 
     async def close(self) -> None:
         """Closes the pool's connections (bounded: a dead server does not hold shutdown)."""
-        if self._migration is not None:
-            self._migration.cancel()
+        migration = self._migration
+        if migration is not None:  # a retry of the migrations while the database was down
+            migration.cancel()
+            await asyncio.wait([migration], timeout=self.timeout_s)
         engine, self._engine = self._engine, None
         self._state, self._since = "closed", time.time()
         if engine is not None:
