@@ -1,4 +1,4 @@
-"""What every session shares: config, the TTS engine, the LLM, ASR, metrics."""
+"""What every session shares: config, the TTS engine, the LLM, ASR, metrics, the store."""
 
 from __future__ import annotations
 
@@ -14,15 +14,17 @@ from gateway.checks.model import (
     log_checks,
     tts_file_checks,
 )
-from gateway.config import Config, LLMConfig
+from gateway.config import Config, ConfigError, LLMConfig
 from gateway.device.registry import LiveSession, SessionRegistry
 from gateway.llm.base import ChatLLM
 from gateway.llm.echo import EchoLLM
 from gateway.llm.memory import ConversationMemory
+from gateway.llm.memory_store import MEMORY_SCHEMA
 from gateway.llm.openai_chat import OpenAIChatLLM
 from gateway.metrics import GatewayMetrics
 from gateway.speech.phrases import Phrases
 from gateway.speech.turn import TurnConfig, turn_config
+from gateway.store import Schema, Store, StoreError, StoreUnavailable
 from gateway.tools.base import ToolSource
 from gateway.tts_choice import TTSChoice, choose_tts_backend, create_tts_backend, set_cpu_threads
 from gateway.voices.store import VoiceStore
@@ -33,6 +35,11 @@ if TYPE_CHECKING:
     from gateway.tools.mcp_servers import MCPServerPool
 
 log = logging.getLogger(__name__)
+
+# The tables in the store (gateway/store, docs/store.md): one Schema per feature module that keeps data,
+# declared in that module and listed here once; migrated at start-up in this order (a schema whose tables
+# reference another's comes after it).
+STORE_SCHEMAS: tuple[Schema, ...] = (MEMORY_SCHEMA,)
 
 
 def engine_sections(config: Config) -> dict[str, Any]:
@@ -84,7 +91,10 @@ class Services:
     checks: list[CheckResult] = field(default_factory=list)  # start-up model checks (gateway/checks/model.py)
     # the live device sessions, read-only here: the device socket (gateway/device/socket.py) writes it
     sessions: SessionRegistry[LiveSession] = field(default_factory=SessionRegistry)
-    memory: ConversationMemory | None = None  # per-device conversation memory (session.memory: local)
+    # the gateway's persistent data (store.url: SQLite by default, PostgreSQL to share it between gateways);
+    # opened in start(), closed last
+    store: Store | None = None
+    memory: ConversationMemory | None = None  # per-device conversation memory, in the store (session.memory)
     # process-wide tool sources (server-side MCP servers, gateway/tools/mcp_servers.py), offered in
     # every query turn after the device's tools; read at each turn, so sources added later count
     tool_sources: list[ToolSource] = field(default_factory=list)
@@ -132,8 +142,12 @@ class Services:
             voices=VoiceStore(config.tts.voices_dir),
             phrases=fixed_phrases(config, turns),
         )
+        try:
+            services.store = Store.from_config(config.store, STORE_SCHEMAS)
+        except StoreError as exc:
+            raise ConfigError(str(exc)) from None
         if config.session.memory == "local":
-            services.memory = ConversationMemory.open(config.session, services.llm)
+            services.memory = ConversationMemory.open(config.session, services.llm, services.store)
         if checks:
             services.checks = checks + asr_status_checks(services.asr)
             log_checks(services.checks)
@@ -141,11 +155,29 @@ class Services:
         return services
 
     async def start(self) -> None:
+        await self.open_store()
         await self.engine.start()
         await self.register_voices()
         if self.phrases is not None:  # before the first device: the apology must not need the engine
             await self.phrases.start(self.engine)
         await self.start_mcp_servers()
+
+    async def open_store(self) -> None:
+        """Opens the store and migrates its schemas (bounded). A database that is down now does not stop the
+        gateway: devices talk without memory until it is back (logged, and in /v1/health). A store this
+        gateway cannot use at all (a folder it cannot make, a refused password, a newer schema) stops it."""
+        if self.store is None:
+            return
+        try:
+            await self.store.open()
+        except StoreUnavailable as exc:
+            log.error("!!! %s; the gateway starts without it and retries on use", exc)
+        except StoreError as exc:
+            raise ConfigError(str(exc)) from None
+        else:
+            log.info("store: %s", self.store.safe_url)
+        if self.memory is not None:
+            await self.memory.start()  # imports the memory file of earlier gateways, once
 
     async def start_mcp_servers(self) -> None:
         """The configured server-side MCP servers, as tool sources of every session (bounded wait)."""
@@ -185,6 +217,8 @@ class Services:
             await self.mcp_servers.aclose()  # stops their processes (bounded)
         if self.memory is not None:
             await self.memory.aclose()  # pending writes land first (bounded)
+        if self.store is not None:
+            await self.store.close()  # after everything that writes to it (bounded)
         aclose = getattr(self.llm, "aclose", None)
         if aclose is not None:
             await aclose()
@@ -210,6 +244,7 @@ class Services:
             "checks": [check.as_dict() for check in self.checks],
             "mcp_servers": self.mcp_servers.status() if self.mcp_servers is not None else [],
             "phrases": self.phrases.status() if self.phrases is not None else None,
+            "store": self.store.status() if self.store is not None else None,
         }
 
 
@@ -218,7 +253,8 @@ def health_status(services: Services, engine: dict[str, Any]) -> tuple[str, list
 
     unavailable: no engine worker is ready (all restarting, stalled or failed), or the in-process
     engine crashed or closed. degraded: TTS fell back to espeak-ng, a start-up model check failed, some
-    (not all) workers are not ready, or the fixed phrases could not be prepared.
+    (not all) workers are not ready, the fixed phrases could not be prepared, or the store is unavailable
+    (devices talk without memory).
     """
     state = engine.get("state")
     if state in ("unavailable", "crashed", "closed"):
@@ -232,4 +268,7 @@ def health_status(services: Services, engine: dict[str, Any]) -> tuple[str, list
     for worker in not_ready:
         why = worker.get("stalled") or worker.get("last_error")
         reasons.append(f"engine worker {worker.get('address')} is {worker.get('state')}" + (f": {why}" if why else ""))
+    store = services.store.status() if services.store is not None else None
+    if store is not None and store["state"] == "unavailable":
+        reasons.append(f"the store ({store['url']}) is unavailable: {store['error']}")
     return ("degraded" if reasons else "ok"), reasons

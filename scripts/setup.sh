@@ -4,7 +4,8 @@
 #   apt: libopus0 (Opus codec), libspeexdsp1 (server AEC's linear stage), espeak-ng (the
 #        built-in voice), chromium and
 #        fonts-noto-color-emoji (the web console's browser tests, driven by Playwright),
-#        nginx (tests/test_deploy_topology.py runs deploy/nginx.conf unprivileged on loopback)
+#        nginx (tests/test_deploy_topology.py runs deploy/nginx.conf unprivileged on loopback),
+#        postgresql (the store's tests start their own server: initdb in a temporary folder)
 #   pip: torch==2.13.0 when no torch is installed, then this project + test and
 #        asr extras, and FunASR for speech recognition (see below)
 # With --models it then downloads the speech models (scripts/download_model.py:
@@ -23,7 +24,7 @@ for arg in "$@"; do
   case "$arg" in
     --models) models=1 ;;
     --serve) serve=1 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *)
       if [ "$serve" -eq 1 ]; then
         serve_args+=("$arg")
@@ -36,7 +37,7 @@ for arg in "$@"; do
 done
 
 missing=()
-for pkg in libopus0 libspeexdsp1 espeak-ng chromium fonts-noto-color-emoji nginx; do
+for pkg in libopus0 libspeexdsp1 espeak-ng chromium fonts-noto-color-emoji nginx postgresql; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -52,7 +53,8 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
   "$PY" -m pip install -q torch==2.13.0
 fi
 
-if ! "$PY" -c "import gateway, opuslib_next, fastapi, pytest_asyncio, kaldi_native_fbank, wetext, playwright, mypy" >/dev/null 2>&1 \
+if ! "$PY" -c "import gateway, opuslib_next, fastapi, pytest_asyncio, kaldi_native_fbank, wetext, playwright, \
+mypy, sqlalchemy, aiosqlite, asyncpg, greenlet" >/dev/null 2>&1 \
    || [ pyproject.toml -nt .setup-stamp ] 2>/dev/null; then
   echo "setup: installing the project and its test and asr extras"
   "$PY" -m pip install -q -e ".[test,asr]"

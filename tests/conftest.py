@@ -13,3 +13,13 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
+
+# the store's engines: a real PostgreSQL server started on demand, SQLite files (tests/store_fixtures.py)
+from tests.store_fixtures import (  # noqa: E402, F401
+    own_postgres,
+    postgres,
+    postgres_template,
+    postgres_url,
+    store,
+    store_url,
+)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import socket
+import tempfile
 import threading
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
@@ -19,7 +21,7 @@ import httpx
 import uvicorn
 
 from gateway.app import create_app
-from gateway.config import load_config
+from gateway.config import Config, load_config
 from gateway.services import Services
 from gateway.ws_protocol import WebSocketProtocol
 from tts_engine import TTSEngine
@@ -53,10 +55,27 @@ async def running_gateway(
 ) -> AsyncIterator[RunningGateway]:
     # Tests pin ASR off unless they ask for it: `auto` could try to download a model. The engine runs
     # in this process (engine.workers: 0) unless a test asks for worker processes.
-    base: dict[str, Any] = {"asr": {"backend": "none"}, "engine": {"workers": 0}}
+    # The store is a SQLite file in a folder of its own, removed at the end, unless the test names one.
+    store_dir = tempfile.mkdtemp(prefix="xz-store-")
+    base: dict[str, Any] = {
+        "asr": {"backend": "none"},
+        "engine": {"workers": 0},
+        "store": {"url": f"sqlite:///{store_dir}/gateway.db"},
+    }
     for key, value in (overrides or {}).items():
         base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
-    config = load_config(environ={}, overrides=base)
+    try:
+        config = load_config(environ={}, overrides=base)
+        async with _serving(config, backend, llm, max_buffered_chunks) as gateway:
+            yield gateway
+    finally:
+        shutil.rmtree(store_dir, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def _serving(
+    config: Config, backend: Backend | None, llm: Any, max_buffered_chunks: int
+) -> AsyncIterator[RunningGateway]:
     engine = None
     if backend is not None:
         engine = TTSEngine(backend, max_buffered_chunks=max_buffered_chunks)

@@ -3,6 +3,8 @@ reconnect and after a server restart; devices are kept apart; `memory: none` kee
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -41,7 +43,21 @@ class RecordingLLM:
 
 
 def _settings(path: Path, memory: str = "local", **extra: Any) -> dict[str, Any]:
-    return {"session": {"memory": memory, "memory_path": str(path), **extra.pop("session", {})}, **extra}
+    """Memory in the store at ``path`` (a SQLite file that outlives a gateway's restart)."""
+    return {
+        "session": {
+            "memory": memory,
+            "memory_path": str(path.with_suffix(".legacy")),
+            **extra.pop("session", {}),
+        },
+        "store": {"url": f"sqlite:///{path}"},
+        **extra,
+    }
+
+
+def _stored_exchanges(path: Path) -> int:
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        return int(db.execute("SELECT COUNT(*) FROM memory_turns").fetchone()[0])
 
 
 async def _ask(url: str, device_id: str, text: str) -> None:
@@ -52,7 +68,7 @@ async def _ask(url: str, device_id: str, text: str) -> None:
 
 
 async def test_a_fact_is_remembered_after_a_reconnect_and_a_restart(tmp_path: Path) -> None:
-    path = tmp_path / "memory.sqlite3"
+    path = tmp_path / "gateway.db"
     llm = RecordingLLM()
     async with running_gateway(_settings(path), backend=fake(), llm=llm) as gw:
         await _ask(gw.url, "dev-a", FACT)
@@ -68,7 +84,7 @@ async def test_a_fact_is_remembered_after_a_reconnect_and_a_restart(tmp_path: Pa
 
 
 async def test_a_long_history_is_summarised_and_the_summary_is_restored(tmp_path: Path) -> None:
-    path = tmp_path / "memory.sqlite3"
+    path = tmp_path / "gateway.db"
     llm = RecordingLLM()
     async with running_gateway(
         _settings(path, session={"memory_max_messages": 4}), backend=fake(), llm=llm
@@ -88,7 +104,7 @@ async def test_a_long_history_is_summarised_and_the_summary_is_restored(tmp_path
 
 
 async def test_memory_none_keeps_nothing(tmp_path: Path) -> None:
-    path = tmp_path / "memory.sqlite3"
+    path = tmp_path / "gateway.db"
     llm = RecordingLLM()
     async with running_gateway(_settings(path, memory="none"), backend=fake(), llm=llm) as gw:
         await _ask(gw.url, "dev-a", FACT)
@@ -96,11 +112,11 @@ async def test_memory_none_keeps_nothing(tmp_path: Path) -> None:
         assert not llm.knows_alice()
         async with httpx.AsyncClient(base_url=gw.url) as client:
             assert (await client.delete("/v1/devices/dev-a/memory")).status_code == 404
-    assert not path.exists()
+    assert _stored_exchanges(path) == 0
 
 
 async def test_delete_forgets_a_device_and_needs_the_api_key(tmp_path: Path) -> None:
-    path = tmp_path / "memory.sqlite3"
+    path = tmp_path / "gateway.db"
     llm = RecordingLLM()
     settings = _settings(path, api={"api_keys": [KEY]})
     async with running_gateway(settings, backend=fake(), llm=llm) as gw:

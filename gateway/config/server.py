@@ -73,9 +73,9 @@ class SessionConfig(Section):
     max_binary_frame_bytes: int = Field(65551, ge=256)
     mcp_timeout_s: float = Field(30, gt=0, le=300)
     vision_url: str = Field("", max_length=2048)
-    # per-device conversation memory (gateway/llm/memory.py): none, or local (a SQLite file)
+    # per-device conversation memory (gateway/llm/memory.py): none, or local (kept in the store, store.url)
     memory: Literal["none", "local"] = "none"
-    memory_path: str = "data/memory.sqlite3"  # relative paths: from the project root
+    memory_path: str = "data/memory.sqlite3"  # the pre-store memory file, imported once; relative: project root
     memory_max_messages: int = Field(40, ge=4, le=10000)
     memory_summary_timeout_s: float = Field(20, gt=0, le=300)
     memory_summary_max_chars: int = Field(1000, ge=50, le=20000)

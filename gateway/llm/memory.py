@@ -1,6 +1,9 @@
 """Per-device conversation memory (``session.memory: local``): saved after each turn, restored at hello.
 
-The history lives in a SQLite file (``gateway/llm/memory_store.py``), every call off the event loop.
+The history lives in the gateway's store (``gateway/llm/memory_store.py`` on ``gateway/store``: SQLite
+by default, PostgreSQL to let a device's memory follow it to any gateway), every call bounded by
+``store.timeout_s``. When the store is down, a device's hello restores nothing and its exchanges are not
+saved (each logged); its turns go on as usual, never waiting longer than that bound.
 A device keeps fewer than ``session.memory_max_messages`` messages (user + assistant, two per
 exchange) at rest: when it reaches the limit, the oldest exchanges are folded into one summary
 written by the chat model (one ``stream_chat`` call, output capped at ``memory_summary_max_chars``,
@@ -16,13 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from gateway.config import DEFAULT_CONFIG_PATH, ConfigError, SessionConfig
+from gateway.config import DEFAULT_CONFIG_PATH, SessionConfig
 from gateway.llm.base import ChatLLM
-from gateway.llm.memory_store import DeviceMemory, MemoryStore
+from gateway.llm.memory_store import DeviceMemory, LegacyImport, MemoryStore, import_legacy_file
+from gateway.store import Store, StoreError
 
 __all__ = ["ConversationMemory", "DeviceMemory", "SUMMARY_PROMPT", "resolve_memory_path"]
 
@@ -39,7 +42,8 @@ CLOSE_WAIT_S = 5.0  # how long shutting down waits for pending writes
 
 
 def resolve_memory_path(path: str) -> Path:
-    """``session.memory_path``: absolute, or relative to the project root (where config.yaml is)."""
+    """``session.memory_path`` (the memory file of gateways before the store, imported once at start):
+    absolute, or relative to the project root (where config.yaml is)."""
     candidate = Path(path).expanduser()
     return candidate if candidate.is_absolute() else DEFAULT_CONFIG_PATH.parent / candidate
 
@@ -59,8 +63,10 @@ class ConversationMemory:
         max_messages: int = 40,
         summary_timeout_s: float = 20.0,
         summary_max_chars: int = 1000,
+        legacy_path: Path | None = None,
     ) -> None:
         self._store = store
+        self._legacy_path = legacy_path
         self._llm = llm
         self.max_turns = max(2, max_messages // 2)
         self.keep_turns = max(1, max_messages // 4)  # left word for word after a fold
@@ -72,31 +78,36 @@ class ConversationMemory:
         self._closed = False
 
     @classmethod
-    def open(cls, cfg: SessionConfig, llm: ChatLLM) -> ConversationMemory:
-        path = resolve_memory_path(cfg.memory_path)
-        try:
-            store = MemoryStore(path)
-        except (OSError, sqlite3.Error) as exc:
-            raise ConfigError(f"session.memory_path: cannot open {path}: {exc}") from exc
-        log.info("conversation memory: %s", store.path)
+    def open(cls, cfg: SessionConfig, llm: ChatLLM, store: Store) -> ConversationMemory:
+        """The memory on ``store`` (opened by the caller), with the session section's limits."""
         return cls(
-            store,
+            MemoryStore(store),
             llm,
             max_messages=cfg.memory_max_messages,
             summary_timeout_s=cfg.memory_summary_timeout_s,
             summary_max_chars=cfg.memory_summary_max_chars,
+            legacy_path=resolve_memory_path(cfg.memory_path),
         )
 
-    @property
-    def path(self) -> Path:
-        return self._store.path
+    async def start(self) -> LegacyImport | None:
+        """Imports the pre-store memory file, if there is one (once; see memory_store.import_legacy_file).
+
+        A store that is down leaves the file for the next start (logged); the gateway starts anyway."""
+        path = self._legacy_path
+        if path is None or not path.is_file():
+            return None
+        try:
+            return await import_legacy_file(self._store.store, path)
+        except StoreError as exc:
+            log.warning("memory file %s not imported now (%s); the next start tries again", path, exc)
+            return None
 
     async def restore(self, device_id: str) -> DeviceMemory:
         """The device's summary and newest exchanges (at most ``max_turns``); empty on any error."""
         await self._written(device_id)
         try:
-            memory = await asyncio.to_thread(self._store.load, device_id)
-        except sqlite3.Error as exc:
+            memory = await self._store.load(device_id)
+        except StoreError as exc:
             log.warning("memory of %s not restored: %s", device_id, exc)
             return DeviceMemory()
         return DeviceMemory(memory.summary, memory.turns[-self.max_turns :], memory.last_id)
@@ -121,7 +132,7 @@ class ConversationMemory:
         fold = self._folds.pop(device_id, None)
         if fold is not None:
             fold.cancel()
-        return await asyncio.to_thread(self._store.delete, device_id)
+        return await self._store.delete(device_id)  # StoreError: the caller's (the API answers 503)
 
     async def settle(self) -> None:
         """Waits until every pending write and summary is done (tests, shutdown)."""
@@ -136,8 +147,7 @@ class ConversationMemory:
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=CLOSE_WAIT_S)
         for task in self._tasks:
-            task.cancel()
-        await asyncio.to_thread(self._store.close)
+            task.cancel()  # the store itself is closed by its owner (Services), after this
 
     # ---- background work -------------------------------------------------------
 
@@ -156,8 +166,8 @@ class ConversationMemory:
         if previous is not None:
             await asyncio.wait([previous])
         try:
-            count = await asyncio.to_thread(self._store.append, device_id, user_text, assistant_text)
-        except sqlite3.Error as exc:
+            count = await self._store.append(device_id, user_text, assistant_text)
+        except StoreError as exc:
             log.warning("memory of %s not saved: %s", device_id, exc)
             return
         if count >= self.max_turns and device_id not in self._folds and not self._closed:
@@ -174,16 +184,16 @@ class ConversationMemory:
         Goes on while exchanges saved during a fold keep the device at the limit.
         """
         try:
-            while (count := await asyncio.to_thread(self._store.count, device_id)) >= self.max_turns:
-                old, up_to = await asyncio.to_thread(self._store.oldest, device_id, count - self.keep_turns)
+            while (count := await self._store.count(device_id)) >= self.max_turns:
+                old, up_to = await self._store.oldest(device_id, count - self.keep_turns)
                 summary = await self._summarise(old)
                 if summary is None:
                     log.warning(
                         "memory of %s: no summary; %d old exchanges dropped", device_id, len(old.turns)
                     )
-                if not await asyncio.to_thread(self._store.fold, device_id, up_to, summary):
+                if not await self._store.fold(device_id, up_to, summary):
                     return  # deleted meanwhile
-        except sqlite3.Error as exc:
+        except StoreError as exc:
             log.warning("memory of %s not summarised: %s", device_id, exc)
 
     async def _summarise(self, memory: DeviceMemory) -> str | None:
