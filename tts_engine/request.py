@@ -27,6 +27,7 @@ import torch
 
 from tts_engine.backends.base import BackendStream
 from tts_engine.errors import EngineError
+from tts_engine.interface import DEFAULT_PRIORITY, PRIORITIES, Priority
 from tts_engine.resample import StreamingResampler
 from tts_engine.voices import PromptAudio
 
@@ -92,11 +93,24 @@ class EngineRequest:
     instruct: str | None = None  # style instruction (backends with supports_instruct only)
     prompt_audio: PromptAudio | None = None  # one-off zero-shot prompt recording (synthesize_zero_shot)
     prompt_text: str = ""  # transcript of prompt_audio
+    priority: Priority = DEFAULT_PRIORITY  # its class: device, interactive or batch (tts_engine/interface.py)
     status: RequestStatus = RequestStatus.WAITING
     arrival_time: float = field(default_factory=time.monotonic)
+    arrival_step: int = 0  # the scheduler's step count when it arrived
+    first_chunk_step: int | None = None  # ... when its first chunk was handed out (None: not yet)
     backend_stream: BackendStream | None = None
     resampler: StreamingResampler | None = None
     num_chunks: int = 0  # chunks handed to the loop
+    parked: bool = False  # a batch request parked by the scheduler: holds no capacity, does not run
+
+    @property
+    def rank(self) -> int:
+        """Its class as a number, 0 the highest (``PRIORITIES``' order)."""
+        return PRIORITIES.index(self.priority)
+
+    @property
+    def is_batch(self) -> bool:
+        return self.priority == "batch"
 
     def to_pcm(self, chunk: Any) -> np.ndarray:
         """One backend chunk as int16 at the requested rate (empty while the resampler fills up)."""
