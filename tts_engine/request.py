@@ -160,6 +160,8 @@ class SynthesisStream:
         """No more chunks will arrive (the buffered ones can still be read)."""
         self.is_aborted = False
         self._defer_credit = False
+        self.first_chunk_at: float | None = None
+        """When its first chunk reached this stream (``time.monotonic()``), read or not; None before."""
 
     @property
     def playback_ahead(self) -> float:
@@ -212,6 +214,8 @@ class SynthesisStream:
         """A chunk the engine thread made (and counted as produced)."""
         if self.is_finished:
             return  # aborted or closed meanwhile: its chunks are never delivered
+        if self.first_chunk_at is None:
+            self.first_chunk_at = time.monotonic()
         self._chunks.append(chunk)
         self._wake()
 

@@ -275,9 +275,7 @@ class Scheduler:
 
     def _with_lanes(self, scheduled: list[EngineRequest], slack: dict[int, float]) -> StepBudget:
         comfortable = self.comfortable_s
-        waits_first = any(
-            not r.is_batch and r.num_chunks == 0 and slack[id(r)] < comfortable for r in scheduled
-        )
+        waits_first = any(not r.is_batch and r.num_chunks == 0 for r in scheduled)
         lanes = []
         for request in scheduled:
             if request.is_batch:

@@ -48,7 +48,8 @@ docs/gpu-sharing.md says how far).
 (``cosyvoice.token2wav.compile``; the first hops of each shape class pay the compile).
 
 Benchmarks: ``fixed_llm_tokens=N`` makes every text segment generate exactly N speech tokens (stop
-tokens masked until N, stop at N), so random weights do the work of real speech.
+tokens masked until N, stop at N), so random weights do the work of real speech; a callable gives each
+segment's N from its text (scripts/bench_traffic.py: about as long as the text takes to say).
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ class CosyVoiceBackend(Backend):
         default_voice: str = "default",
         max_segment_seconds: float | None = None,
         memory_budget: MemoryBudget | None = None,
-        fixed_llm_tokens: int | None = None,
+        fixed_llm_tokens: int | Callable[[str], int] | None = None,
         llm_backend: str = "native",
         max_hop_rows: int | None = None,
         max_prefill_rows: int | None = None,
@@ -158,8 +159,11 @@ class CosyVoiceBackend(Backend):
             model = load_model(
                 model_dir, device=device, dtype=dtype, use_rl_llm=use_rl_llm, max_seconds=max_segment_seconds
             )
-        if fixed_llm_tokens is not None and (isinstance(fixed_llm_tokens, bool) or fixed_llm_tokens < 1):
-            raise ValueError(f"fixed_llm_tokens must be a positive int or None, got {fixed_llm_tokens!r}")
+        if fixed_llm_tokens is not None and not callable(fixed_llm_tokens):
+            if isinstance(fixed_llm_tokens, bool) or not isinstance(fixed_llm_tokens, int) or fixed_llm_tokens < 1:
+                raise ValueError(
+                    f"fixed_llm_tokens must be a positive int, a callable or None, got {fixed_llm_tokens!r}"
+                )
         self.model = model
         self.device = model.llm.speech_embedding.weight.device
         self.fixed_llm_tokens = fixed_llm_tokens
@@ -308,8 +312,9 @@ class CosyVoiceBackend(Backend):
                 generator = torch.Generator(device="cpu").manual_seed(seed)
                 llm = model.new_llm_request(prompt, generator=generator, num_prompt_tokens=num_prompt)
                 if self.fixed_llm_tokens is not None:
+                    fixed = self.fixed_llm_tokens
                     llm.lengths = dataclasses.replace(llm.lengths, mask_all_stops_before_min=True)
-                    llm.min_len = llm.max_len = self.fixed_llm_tokens
+                    llm.min_len = llm.max_len = max(1, int(fixed(piece) if callable(fixed) else fixed))
             except (TextError, LLMInputError, SpeakerError) as exc:
                 raise ValueError(f"cannot synthesise {piece[:40]!r}: {exc}") from exc
             fit_kv_slot(llm, self.max_llm_len)
@@ -348,6 +353,8 @@ class CosyVoiceBackend(Backend):
         return {
             "hops_deferred": stepper.num_hops_deferred,
             "hops_held": stepper.num_hops_held,
+            "closing_pauses": stepper.num_closing_pauses,
+            "llm_rows_held": stepper.num_llm_held,
             "prefills_deferred": stepper.num_prefills_deferred,
             "decode_graphs": getattr(self.runner, "num_graphs", 0),
             "llm_seconds_total": stepper.seconds["llm"],

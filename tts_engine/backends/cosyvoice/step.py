@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from cosyvoice.llm import LLMRequest
-from cosyvoice.token2wav import HopJob, Token2Wav
+from cosyvoice.token2wav import HopJob, PendingClosing, Token2Wav
 from tts_engine.backends.cosyvoice.request import CosyVoiceStream
 from tts_engine.budget import Lane, StepBudget
 
@@ -42,6 +42,7 @@ Errors = dict[int, BaseException]  # id(stream) -> what failed it
 Chunks = dict[int, torch.Tensor]  # id(stream) -> its new audio
 Emit = Callable[[Chunks], bool]  # hands audio out mid-step; False: it could not (keep it for the end)
 STEP_ORDERS = ("slack", "together")
+CLOSING_SLICE = 2  # Euler steps per engine step of an exact closing call whose stream has a comfortable lead
 HOP_KINDS = ("opening", "hop", "closing")  # a segment's first hop; a later hop; its closing call
 
 
@@ -58,6 +59,10 @@ class BatchedStep:
         self.num_hops_held = 0  # ready hops left for a later step by their lane (someone waits for audio)
         self.num_prefills_deferred = 0  # prefills left for a later step by the budget's prefill_rows
         self.seconds = {"llm": 0.0, **{kind: 0.0 for kind in HOP_KINDS}}  # where the step time went
+        # exact closing calls under way, a slice a step ("slack" order): id(stream) -> (stream, its solve)
+        self.closings: dict[int, tuple[CosyVoiceStream, PendingClosing]] = {}
+        self.num_closing_pauses = 0  # slices after which an exact closing call waited for a later step
+        self.num_llm_held = 0  # LLM rows that waited a step (held streams that have their next hop's tokens)
 
     def run(
         self,
@@ -68,8 +73,11 @@ class BatchedStep:
     ) -> Chunks:
         """Advance ``streams`` (in rank order, each with its lane) by one step within ``budget``; each
         stream's new audio by id (the audio ``emit`` handed out mid-step is not in it)."""
+        for key, (stream, _) in list(self.closings.items()):
+            if stream.closed:
+                del self.closings[key]  # finished, failed or aborted meanwhile
         started = time.perf_counter()
-        self._llm_step([stream for stream, _ in streams], errors, budget.prefill_rows)
+        self._llm_step(streams, errors, budget.prefill_rows)
         self.seconds["llm"] += time.perf_counter() - started
         ready: list[tuple[CosyVoiceStream, Lane, HopJob]] = []
         for stream, lane in streams:
@@ -100,21 +108,67 @@ class BatchedStep:
         jobs, deferred = StepBudget.take(first + second, budget.hop_rows)
         self.num_hops_deferred += deferred
         first, second = jobs[: len(first)], jobs[len(first) :]
-        chunks = self._wave_step(first, errors)
+        chunks = self._wave_group(first, errors, urgent=True)
         if chunks and emit is not None and emit(chunks):
             chunks = {}  # handed out before the second group runs
-        chunks.update(self._wave_step(second, errors))
+        chunks.update(self._wave_group(second, errors, urgent=False))
         return chunks
+
+    def _wave_group(self, jobs: list[tuple[CosyVoiceStream, HopJob]], errors: Errors, *, urgent: bool) -> Chunks:
+        """One group of the slack order: its hops in one batch; each exact closing call on its own, whole
+        when ``urgent``, else ``CLOSING_SLICE`` Euler steps a step (its audio once the last one ran)."""
+        closing = [(stream, job) for stream, job in jobs if job.finalize and not job.streaming]
+        chunks = self._wave_step([(stream, job) for stream, job in jobs if not job.finalize or job.streaming], errors)
+        for stream, job in closing:
+            chunk = self._closing_slice(stream, job, errors, None if urgent else CLOSING_SLICE)
+            if chunk is not None:
+                chunks[id(stream)] = chunk
+        return chunks
+
+    def _closing_slice(
+        self, stream: CosyVoiceStream, job: HopJob, errors: Errors, steps: int | None
+    ) -> torch.Tensor | None:
+        """Advance ``stream``'s exact closing call by ``steps`` Euler steps (None: to its end); its last
+        audio once done. Sliced or whole, the same operations: the same samples."""
+        t2w = self.token2wav
+        started = time.perf_counter()
+        try:
+            entry = self.closings.get(id(stream))
+            pending = entry[1] if entry is not None and entry[1].job == job else None
+            if pending is None:
+                pending = t2w.begin_closing(job)
+                self.closings[id(stream)] = (stream, pending)
+            if not t2w.advance_closing(pending, steps):
+                self.num_closing_pauses += 1
+                return None
+            del self.closings[id(stream)]
+            return t2w.finish_closing(pending)
+        except Exception as exc:  # noqa: BLE001 - fails this request only
+            self.closings.pop(id(stream), None)
+            errors[id(stream)] = exc
+            return None
+        finally:
+            self.seconds["closing"] += time.perf_counter() - started
 
     # -- LLM -----------------------------------------------------------------------------------
 
-    def _llm_step(self, streams: Sequence[CosyVoiceStream], errors: Errors, prefill_rows: int | None) -> None:
+    def _llm_step(
+        self, streams: Sequence[tuple[CosyVoiceStream, Lane]], errors: Errors, prefill_rows: int | None
+    ) -> None:
+        """Decode (and prefill) every stream's LLM; in the slack order a held stream's LLM waits too when
+        its next hop's tokens are already there (a batch stream's always), so a step while a listener waits
+        for first audio decodes only the rows that need tokens."""
         decode: list[tuple[CosyVoiceStream, LLMRequest]] = []
         prefill: list[tuple[CosyVoiceStream, LLMRequest]] = []
-        for stream in streams:
+        for stream, lane in streams:
             request = stream.llm_request()
-            if request is not None:
-                (prefill if request.slot is None else decode).append((stream, request))
+            if request is None:
+                continue
+            if self.order == "slack" and lane >= Lane.DEFERRED:
+                if lane == Lane.BACKGROUND or stream.next_job() is not None:
+                    self.num_llm_held += 1
+                    continue
+            (prefill if request.slot is None else decode).append((stream, request))
         self._run_llm(self.runner.decode_step, decode, errors)
         prefill, deferred = StepBudget.take(prefill, prefill_rows)
         self.num_prefills_deferred += deferred
