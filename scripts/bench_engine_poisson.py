@@ -133,8 +133,11 @@ async def run_poisson(args: argparse.Namespace, model: Any, make_backend: Callab
         try:
             await play_reply(engine, Reply("-", (ZH_SENTENCES[3],)), -1, voice=voices[0], rate=args.rate)  # warm-up
             lone = await lone_first_chunk(engine, voices, args.rate)
+            print(
+                f"lone-stream first chunk: {1000 * lone:.0f} ms (median of {len(LONE_TEXTS)} sentences alone)",
+                flush=True,
+            )
             cap = await capacity(engine, streams, voices, args.rate, args.seed + 7)
-            print(f"lone-stream first chunk: {1000 * lone:.0f} ms (median of {len(LONE_TEXTS)} sentences alone)")
             print(f"capacity: {cap:.2f} audio s/s ({streams} replies in flight, consumers unpaced)", flush=True)
             print(table_header())
             rows = {}

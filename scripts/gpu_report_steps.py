@@ -23,7 +23,7 @@ __all__ = ["CORE_STEPS", "FAIL_COMMAND", "Options", "Step", "build_steps", "disp
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FULL_STREAMS = "1,4,16,64"
 BASELINE_MAX_STREAMS = 16  # one-at-a-time runs above this take minutes per level
-POISSON_STREAMS = "64"  # the engine's KV slots in the Poisson runs
+POISSON_STREAMS = "16"  # the engine's KV slots in the Poisson runs (64 with 150 replies overran 120 s on an H200)
 NO_FLAG_NOTE = "bench_engine.py has no --flow-cache flag yet: ran with its default (no flow cache)"
 # What --fail-step puts in place of a step's command (tests: a failing measurement must not stop the rest).
 FAIL_COMMAND = ["-c", "import sys; print('injected failure (--fail-step)'); sys.exit(3)"]
@@ -112,7 +112,7 @@ def _engine_args(opts: Options, streams: str, *extra: str, sentences: int | None
 
 def _poisson_args(opts: Options, *extra: str) -> list[str]:
     """bench_engine.py --arrivals poisson at 0.6 and 0.9 of the measured capacity, bf16."""
-    slots, replies, prompt = ("4", "6", "1") if opts.quick else (POISSON_STREAMS, "150", "3")
+    slots, replies, prompt = ("4", "6", "1") if opts.quick else (POISSON_STREAMS, "16", "3")
     return [
         *("--preset", opts.preset, "--model-dir", str(opts.model_dir), "--device", opts.device),
         *("--dtype", "bfloat16", "--arrivals", "poisson", "--load", "0.6,0.9", "--streams", slots),

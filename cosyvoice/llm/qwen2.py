@@ -21,6 +21,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# SDPA backends the attention may use: every one but cuDNN. On the H200 (torch 2.11, CUDA 13) the cuDNN
+# backend spent 2.3 ms of CPU per call building its graph for each new key length (65 % of an eager
+# bf16 decode step's CPU time, 60 ms per step at batch 1: docs/gpu-reports/2026-11-27-nvidia-h200-followup).
+ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class KVCacheError(RuntimeError):
@@ -231,10 +237,12 @@ class Qwen2Attention(nn.Module):
         mask = plan.mask  # [B, 1, T, K]; one query position (decode) broadcasts over the groups
         if groups > 1 and t > 1:
             mask = mask.repeat(1, 1, groups, 1)  # [B, 1, groups * T, K], row g * T + t is position t's
-        out = F.scaled_dot_product_attention(
-            q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim)
-        )  # [B, nkv, groups * T, hd]
-        out = out.view(b, self.num_heads, t, self.head_dim)  # [B, nh, T, hd]
+        with sdpa_kernel(ATTENTION_BACKENDS):
+            out = F.scaled_dot_product_attention(
+                q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim)
+            )  # [B, nkv, groups * T, hd]
+        # reshape, not view: on CUDA in float32 the kernel's output strides do not allow a view (H200 report)
+        out = out.reshape(b, self.num_heads, t, self.head_dim)  # [B, nh, T, hd]
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))  # [B, T, H]
 
 
