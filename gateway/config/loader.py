@@ -27,6 +27,7 @@ from gateway.config.base import ConfigError, Section, is_text, is_text_list
 from gateway.config.engine import EngineConfig, GPUConfig, TTSConfig
 from gateway.config.llm import LLMConfig, SegmenterConfig, ToolsConfig
 from gateway.config.server import AudioConfig, OtaConfig, ServerConfig, SessionConfig
+from gateway.config.transport import TransportConfig
 from tts_engine.settings import Settings
 
 DEFAULT_CONFIG_PATH = Path(__file__).resolve().parents[2] / "config.yaml"
@@ -46,6 +47,7 @@ class Config(Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     api: ApiConfig = Field(default_factory=ApiConfig)
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    transport: TransportConfig = Field(default_factory=TransportConfig)  # MQTT + UDP (docs/mqtt-udp.md)
 
     @field_validator("session")
     @classmethod
