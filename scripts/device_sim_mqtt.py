@@ -28,7 +28,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.transport import mqtt_codec as mq
-from gateway.xiaozhi import AudioIn, AudioOut, AudioParams, Goodbye, Hello, McpMessage, Role, ServerHello, XiaozhiConnection
+from gateway.xiaozhi import (
+    AudioIn,
+    AudioOut,
+    AudioParams,
+    Goodbye,
+    Hello,
+    McpMessage,
+    Role,
+    ServerHello,
+    XiaozhiConnection,
+)
 from gateway.xiaozhi.udp import (
     HEADER_SIZE,
     PACKET_TYPE_AUDIO,
