@@ -153,6 +153,7 @@ class MqttDeviceSimulator(DeviceSimulator):
         self._tasks: list[asyncio.Task[Any]] = []
         self._connack: asyncio.Future[int] | None = None
         self._pings: asyncio.Queue[None] = asyncio.Queue()
+        self.subacks: asyncio.Queue[list[int]] = asyncio.Queue()  # return codes of each SUBACK (tests)
 
     # ---- OTA and the MQTT connection ----------------------------------------------------------
 
@@ -169,8 +170,10 @@ class MqttDeviceSimulator(DeviceSimulator):
         return (host, int(port)) if sep else (self.mqtt["endpoint"], 8883)
 
     async def mqtt_connect(self, *, client_id: str | None = None, username: str | None = None,
-                           password: str | None = None, timeout: float = 10.0) -> int:  # fmt: skip
-        """Opens the MQTT connection (TLS exactly when the port is 8883, as the firmware); the CONNACK code."""
+                           password: str | None = None, timeout: float = 10.0, pings: bool = True,
+                           protocol_level: int = 4) -> int:  # fmt: skip
+        """Opens the MQTT connection (TLS exactly when the port is 8883, as the firmware); the CONNACK code.
+        ``pings=False`` never sends PINGREQ (tests of the keepalive)."""
         if self.mqtt is None:
             await self.ota()
         assert self.mqtt is not None
@@ -193,10 +196,11 @@ class MqttDeviceSimulator(DeviceSimulator):
             password if password is not None else self.mqtt["password"],
             keepalive,
         )
+        packet.proto_level = protocol_level
         self._write(packet.to_bytes())
         async with asyncio.timeout(timeout):
             code = await self._connack
-        if code == 0:
+        if code == 0 and pings:
             self._tasks.append(asyncio.create_task(self._keepalive(keepalive)))
         return code
 
@@ -382,6 +386,8 @@ class MqttDeviceSimulator(DeviceSimulator):
                     await self._on_text((packet.data or b"").decode("utf-8"))
                 elif isinstance(packet, mq.PingRespPacket):
                     self._pings.put_nowait(None)
+                elif isinstance(packet, mq.SubackPacket):
+                    self.subacks.put_nowait(list(packet.payload.return_codes))
         except (OSError, asyncio.IncompleteReadError, mq.MalformedPacket):
             pass
         finally:
@@ -416,7 +422,8 @@ class SubscribingMqttDevice(MqttDeviceSimulator):
         self.granted: list[int] = []
 
     async def mqtt_connect(self, *, client_id: str | None = None, username: str | None = None,
-                           password: str | None = None, timeout: float = 10.0) -> int:  # fmt: skip
+                           password: str | None = None, timeout: float = 10.0, pings: bool = True,
+                           protocol_level: int = 4) -> int:  # fmt: skip
         import paho.mqtt.client as paho
 
         if self.mqtt is None:

@@ -11,9 +11,11 @@ this order (the cheap checks first, nothing decrypted before its size is known t
 3. its payload decrypts to a plausible Opus packet: mono, of the hello's frame duration. The format
    has no authentication tag, so this is what tells a packet sealed with the session's key from one
    that was not (a random payload passes about once in 75);
-4. it comes from the session's address. The first accepted packet sets that address; a packet from
-   another address that passes 1-3 moves the session there (NAT rebinding), anything else from
-   another address is dropped.
+4. it comes from the session's address. The first accepted packet sets that address. Packets from
+   another address that pass 1-3 move the session there (NAT rebinding) once `REBIND_PACKETS` of
+   them in a row, with rising sequences, have come from that same address (the format has no tag:
+   one forged packet passes 3 about once in 75, three in a row about once in 400 000); those before
+   are held back (dropped as `new_address`). Anything else from another address is dropped.
 
 Sequence gaps are reported as lost packets, which the session gives to the Opus decoder's
 concealment (at most `conceal_max_frames` per gap).
@@ -30,6 +32,7 @@ from gateway.xiaozhi import AudioIn, AudioOut, RemoteProtocolError, UdpParams
 from gateway.xiaozhi.udp import UdpCipher, UdpHeader, UdpKeys, check_packet, open_payload, seal
 
 Address = tuple[str, int]
+REBIND_PACKETS = 3  # valid packets in a row from a new address that move the session there
 
 
 class Drop(StrEnum):
@@ -41,6 +44,7 @@ class Drop(StrEnum):
     OUT_OF_WINDOW = "out_of_window"  # sequence too far ahead
     UNDECRYPTABLE = "undecryptable"  # not a plausible Opus packet once decrypted: another key
     ADDRESS = "address"  # from an address that is not the session's, and not a valid newer packet
+    NEW_ADDRESS = "new_address"  # valid and newer, from a new address not yet proven (NAT rebinding)
     QUEUE_FULL = "queue_full"  # the session is not keeping up
 
 
@@ -83,6 +87,9 @@ class UdpChannel:
         self.address: Address | None = None
         self.last_sequence = 0  # the device's first packet is sequence 1
         self.sent_sequence = 0
+        self._candidate: Address | None = None  # a new address the device may have moved to
+        self._candidate_packets = 0
+        self._candidate_sequence = 0
 
     def params(self, server: str, port: int) -> UdpParams:
         return self.keys.params(server, port)
@@ -102,9 +109,18 @@ class UdpChannel:
         opus = open_payload(self._cipher, data)
         if not plausible_opus(opus, self.frame_ms):
             return Drop.ADDRESS if foreign else Drop.UNDECRYPTABLE
+        moved_from = None
+        if foreign:
+            if address != self._candidate or header.sequence <= self._candidate_sequence:
+                self._candidate, self._candidate_packets = address, 0
+            self._candidate_packets += 1
+            self._candidate_sequence = header.sequence
+            if self._candidate_packets < REBIND_PACKETS:
+                return Drop.NEW_ADDRESS
+            moved_from = self.address
+        self._candidate, self._candidate_packets, self._candidate_sequence = None, 0, 0
         lost = header.sequence - self.last_sequence - 1
         self.last_sequence = header.sequence
-        moved_from = self.address if foreign else None
         self.address = address
         return Accepted(AudioIn(opus=opus, timestamp_ms=header.timestamp), lost, moved_from)
 
