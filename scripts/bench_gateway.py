@@ -64,7 +64,15 @@ if str(ROOT) not in sys.path:
 
 from gateway.xiaozhi import Stt  # noqa: E402
 from scripts.bench_process_stats import child_pids, cpu_seconds, cpu_seconds_of, engine_steps  # noqa: E402
-from scripts.bench_transport import arrival_gaps, lost_frames, make_device, open_device, transport_env  # noqa: E402
+from scripts.bench_transport import (  # noqa: E402
+    arrival_gaps,
+    lost_frames,
+    make_device,
+    open_device,
+    prepare_devices,
+    transport_env,
+    udp_counters,
+)
 from scripts.device_sim import DeviceSimulator, Turn  # noqa: E402
 from scripts.speech import Utterance, utterance  # noqa: E402
 
@@ -161,11 +169,10 @@ async def run_device(
     start_at: float,
     clips: list[Utterance] | None = None,
     barrier: asyncio.Barrier | None = None,
-    transport: str = "websocket",
-    udp_loss: float = 0.0,
+    sim: DeviceSimulator | None = None,
 ) -> None:
     await asyncio.sleep(max(0.0, start_at - time.monotonic()))
-    sim = make_device(url, transport, index, udp_loss)
+    sim = sim or DeviceSimulator(url, decode=False)
     done = 0  # turns this device went through (a failed device still meets the barrier)
     try:
         await open_device(sim)
@@ -206,16 +213,20 @@ async def bench(
     udp_loss: float = 0.0,
 ) -> dict[str, float]:
     stats = Stats()
+    sims = [make_device(url, transport, i, udp_loss) for i in range(devices)]
+    await prepare_devices(sims)  # MQTT devices' OTA (their credentials), as at boot: before the clock starts
     workers = child_pids(pid)
     steps0 = await engine_steps(url, workers)
     t0 = time.monotonic()
     cpu0, worker_cpu0 = cpu_seconds(pid), cpu_seconds_of(workers)
+    client_cpu0 = time.process_time()  # the simulated devices share this process
     starts = [t0 + ramp_s * i / max(devices, 1) for i in range(devices)]
     barrier = asyncio.Barrier(devices) if burst else None
     async with asyncio.TaskGroup() as tg:
         for i in range(devices):
-            tg.create_task(run_device(url, i, turns, stats, starts[i], clips, barrier, transport, udp_loss))
+            tg.create_task(run_device(url, i, turns, stats, starts[i], clips, barrier, sims[i]))
     wall = time.monotonic() - t0
+    client_cpu = time.process_time() - client_cpu0
     cpu = cpu_seconds(pid) - cpu0
     worker_cpu = cpu_seconds_of(workers) - worker_cpu0
     steps = await engine_steps(url, workers) - steps0
@@ -237,6 +248,7 @@ async def bench(
         "worker_cpu_pct_per_device": 100 * worker_cpu / wall / max(devices, 1) if workers else float("nan"),
         "steps_per_s": steps / wall,
         "udp_lost_pct": 100 * stats.lost / (stats.frames + stats.lost) if stats.frames else float("nan"),
+        "client_cpu_pct": 100 * client_cpu / wall,
     }
 
 
@@ -297,6 +309,7 @@ def print_table(
         ("late_pct", "{:>8.1f}"),
         ("cpu_pct_per_device", "{:>18.2f}"),
         *([("worker_cpu_pct_per_device", "{:>25.2f}"), ("steps_per_s", "{:>11.1f}")] if engine else []),
+        *([("client_cpu_pct", "{:>14.1f}")] if transport else []),
         *([("udp_lost_pct", "{:>12.2f}")] if transport and transport != "websocket" else []),
     ]
     notes = [" (speech: latencies from the end of the user's speech)" if speech else ""]
@@ -355,6 +368,9 @@ async def main_async(args: argparse.Namespace) -> int:
                             transport if transport == "websocket" else f"mqtt+udp, {100 * loss:g} % loss")
                         print_table(backend, rows, speech=clips is not None, burst=args.burst, engine=engine,
                                     transport=name)  # fmt: skip
+                        if transport == "mqtt":  # since the server started
+                            counters = await udp_counters(url)
+                            print("gateway UDP counters: " + ", ".join(f"{k} {v:g}" for k, v in counters.items()))
     return 0
 
 

@@ -42,9 +42,22 @@ def make_device(url: str, transport: str, index: int, udp_loss: float = 0.0) -> 
                                downlink=Impairment(udp_loss, seed=2 * index + 1))  # fmt: skip
 
 
+async def prepare_devices(sims: list[DeviceSimulator]) -> None:
+    """MQTT devices ask OTA for their credentials (a device does at boot, long before it talks)."""
+    import asyncio
+
+    limit = asyncio.Semaphore(20)
+
+    async def ota(sim: DeviceSimulator) -> None:
+        async with limit:
+            await sim.ota()
+
+    await asyncio.gather(*(ota(sim) for sim in sims if hasattr(sim, "mqtt")))
+
+
 async def open_device(sim: DeviceSimulator) -> Any:
-    if hasattr(sim, "mqtt"):
-        await sim.ota()  # its MQTT credentials
+    if getattr(sim, "mqtt", True) is None:
+        await sim.ota()  # its MQTT credentials, when prepare_devices did not fetch them
     return await sim.connect()
 
 
@@ -65,3 +78,17 @@ def arrival_gaps(turn: Turn) -> list[float]:
 
 def lost_frames(turn: Turn) -> int:
     return sum(r.event.packets for r in turn.records if isinstance(r.event, LostFrames))
+
+
+async def udp_counters(url: str) -> dict[str, float]:
+    """The gateway's UDP counters (xz_udp_*, from /metrics), to print beside an MQTT table."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=10) as client:
+        text = (await client.get(f"{url}/metrics")).text
+    counters: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("xz_udp_") and "_total" in line:
+            name, value = line.rsplit(" ", 1)
+            counters[name.replace("xz_udp_", "").replace("_total", "")] = float(value)
+    return counters

@@ -130,9 +130,11 @@ class MqttDeviceSimulator(DeviceSimulator):
         uplink: Impairment | None = None,
         downlink: Impairment | None = None,
         keepalive_s: int | None = None,
+        tls: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(base_url, protocol_version=FIRMWARE_HELLO_VERSION, **kwargs)
+        self.tls = tls  # None: as the firmware, TLS exactly when the endpoint's port is 8883
         self.conn = XiaozhiConnection(Role.DEVICE, binary_version=FIRMWARE_HELLO_VERSION, transport="udp")
         self.mqtt: dict[str, Any] | None = None  # the OTA's `mqtt` object
         self.uplink = uplink or Impairment()
@@ -179,7 +181,7 @@ class MqttDeviceSimulator(DeviceSimulator):
         assert self.mqtt is not None
         host, port = self.endpoint()
         tls = None
-        if port == 8883:
+        if self.tls or (self.tls is None and port == 8883):
             import ssl
 
             tls = ssl.create_default_context()

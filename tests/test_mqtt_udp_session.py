@@ -273,3 +273,65 @@ async def test_messages_before_hello_and_unknown_types_are_dropped_not_fatal():
         assert_clean_turn(turn)
         assert isinstance(turn.events[0], Stt | TtsStart | TtsSentenceStart)
         await sim.close()
+
+
+def self_signed(tmp_path) -> tuple[str, str]:
+    """A certificate and key for 127.0.0.1, made here (cryptography's x509 builder)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .sign(key, hashes.SHA256())
+    )  # fmt: skip
+    cert_path, key_path = tmp_path / "mqtt.crt", tmp_path / "mqtt.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))  # fmt: skip
+    return str(cert_path), str(key_path)
+
+
+async def test_the_listener_speaks_tls_with_a_certificate(tmp_path):
+    cert, key = self_signed(tmp_path)
+    async with running_gateway(mqtt_config(tls_cert=cert, tls_key=key), backend=FakeBackend()) as gw:
+        plain = MqttDeviceSimulator(gw.url, tls=False)
+        await plain.ota()
+        with pytest.raises((ConnectionError, TimeoutError, OSError)):
+            await plain.mqtt_connect(timeout=3)  # plain MQTT to a TLS port gets nowhere
+        await plain.mqtt_disconnect()
+        sim = MqttDeviceSimulator(gw.url, tls=True)
+        await sim.connect()
+        await sim.listen_start("auto")
+        assert_clean_turn(await sim.ask(QUESTION))
+        await sim.close()
+
+
+async def test_shutdown_ends_live_mqtt_sessions_with_goodbye():
+    async with running_gateway(mqtt_config(), backend=FakeBackend()) as gw:
+        sim = MqttDeviceSimulator(gw.url)
+        await sim.connect()
+        await sim.listen_start("auto")
+    # the gateway has stopped: the device was told goodbye and its connection closed
+    await asyncio.wait_for(sim.goodbye.wait(), 5)
+    await asyncio.wait_for(sim.closed.wait(), 5)
+    await sim.mqtt_disconnect()
+
+
+def test_tls_needs_both_files():
+    from gateway.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="tls_cert and tls_key"):
+        load_config(environ={}, overrides={"transport": {"mqtt": {"enabled": True, "tls_cert": "a.pem"}}})
+    with pytest.raises(ConfigError, match="public_endpoint"):
+        load_config(environ={}, overrides={"transport": {"mqtt": {"public_endpoint": "mqtt://x:1883"}}})

@@ -80,6 +80,10 @@ class UdpAudioServer(asyncio.DatagramProtocol):
     def send(self, channel: UdpChannel, packet: AudioOut) -> None:
         if self._transport is None or channel.address is None:
             self.metrics.udp_unsent.inc()  # no uplink packet yet: the device's port is unknown
+            if channel.sent_sequence == 0 and not channel.unsent_logged:
+                channel.unsent_logged = True
+                log.info("UDP session %08x: no packet from the device yet, so no address to send its audio to",
+                         channel.ssrc)  # fmt: skip
             return
         self._transport.sendto(channel.seal(packet), channel.address)
         self.metrics.udp_sent.inc()

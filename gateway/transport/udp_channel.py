@@ -87,6 +87,7 @@ class UdpChannel:
         self.address: Address | None = None
         self.last_sequence = 0  # the device's first packet is sequence 1
         self.sent_sequence = 0
+        self.unsent_logged = False
         self._candidate: Address | None = None  # a new address the device may have moved to
         self._candidate_packets = 0
         self._candidate_sequence = 0
