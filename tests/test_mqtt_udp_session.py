@@ -335,3 +335,29 @@ def test_tls_needs_both_files():
         load_config(environ={}, overrides={"transport": {"mqtt": {"enabled": True, "tls_cert": "a.pem"}}})
     with pytest.raises(ConfigError, match="public_endpoint"):
         load_config(environ={}, overrides={"transport": {"mqtt": {"public_endpoint": "mqtt://x:1883"}}})
+
+
+async def test_an_aec_device_echoes_the_udp_timestamps_and_the_canceller_aligns_on_them():
+    from scripts.device_sim_mqtt import SILENT_FRAME
+
+    async with running_gateway(mqtt_config(), backend=FakeBackend()) as gw:
+        sim = MqttDeviceSimulator(gw.url)
+        await sim.connect(features={"mcp": False, "aec": True})  # a CONFIG_USE_SERVER_AEC build
+        session = gw.services.sessions[sim.device_id]
+        assert session.echo is not None
+        await sim.listen_start("realtime")
+        received: list[int] = []
+
+        def playing(frame: AudioOut) -> None:
+            # as the firmware does in realtime mode: its microphone streams on while it plays, each
+            # uplink packet stamped with the timestamp of the packet just played (5 behind: the pre-buffer)
+            received.append(frame.timestamp_ms)
+            if len(received) > 5:
+                sim.send_audio(SILENT_FRAME, received[-6])
+
+        sim.on_audio = playing
+        turn = await sim.ask(QUESTION)
+        assert_clean_turn(turn)
+        assert received[0] > 0
+        await wait_until(lambda: session.echo.stats().aligned_by_timestamps)
+        await sim.close()
