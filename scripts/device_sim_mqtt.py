@@ -63,6 +63,7 @@ def _silent_frame() -> bytes:
 
 
 SILENT_FRAME = _silent_frame()  # 60 ms of silence, 16 kHz mono Opus
+MIC_FRAMES_ON_LISTEN = 3  # so that even a lossy link (--udp-loss) tells the server where the device is
 
 
 @dataclass
@@ -317,11 +318,12 @@ class MqttDeviceSimulator(DeviceSimulator):
             self._udp.sendto(data)
 
     async def listen_start(self, mode: str = "auto") -> None:
-        """`listen start`, then the microphone's first frame: the firmware streams its microphone from
-        here on (this simulator sends one silent frame unless it speaks), and the server learns the
-        device's UDP address from it."""
+        """`listen start`, then the microphone's first frames: the firmware streams its microphone from
+        here on (this simulator sends `MIC_FRAMES_ON_LISTEN` silent frames unless it speaks), and the
+        server learns the device's UDP address from them."""
         await super().listen_start(mode)
-        self.send_audio(SILENT_FRAME)
+        for _ in range(MIC_FRAMES_ON_LISTEN):
+            self.send_audio(SILENT_FRAME)
 
     # ---- receiving -------------------------------------------------------------------------
 

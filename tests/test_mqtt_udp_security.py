@@ -233,7 +233,7 @@ async def test_udp_injection_with_a_wrong_key_a_replayed_sequence_or_another_add
         server = (hello.udp.server, hello.udp.port)
         session = gw.services.sessions[B]
         channel = session.datagrams.channel
-        await wait_until(lambda: channel.address is not None)
+        await wait_until(lambda: channel.last_sequence == victim.local_sequence)
         home = channel.address
         base = await metric_values(gw)
         frames0 = base["xz_frames_received_total"]

@@ -64,9 +64,11 @@ async def test_ota_sends_mqtt_only_when_enabled_and_only_to_allowed_devices():
         listed = MqttDeviceSimulator(gw.url, device_id="02:00:00:00:00:01", client_id="c-1")
         offer = (await listed.ota())["mqtt"]
         other = await DeviceSimulator(gw.url, device_id="02:00:00:00:00:02").ota()
+        port = gw.app.state.mqtt.port
     assert "mqtt" not in other
-    # the OTA request's host and the listener's bound port (no public_endpoint configured)
-    assert offer["endpoint"] == f"127.0.0.1:{gw.app.state.mqtt.port}"
+    assert offer["endpoint"] == f"127.0.0.1:{port}"  # the OTA request's host and the listener's port
+    async with running_gateway(mqtt_config(public_endpoint="mqtt.example.com"), backend=FakeBackend()) as gw:
+        assert (await MqttDeviceSimulator(gw.url).ota())["mqtt"]["endpoint"] == "mqtt.example.com"
     assert offer["client_id"] == "xiaozhi@@@02_00_00_00_00_01"
     assert offer["publish_topic"] == "device-server/02_00_00_00_00_01"
     assert offer["subscribe_topic"] == "devices/p2p/02_00_00_00_00_01"
