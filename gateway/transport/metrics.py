@@ -28,6 +28,9 @@ class TransportMetrics:
         self.udp_unsent = Counter(
             "xz_udp_unsent", "Downlink packets not sent: the device's UDP address is not known yet", registry=r
         )
+        self.udp_dropped_out = Counter(
+            "xz_udp_send_failed", "Downlink packets the socket would not take (send buffer full)", registry=r
+        )
         self.udp_rebinds = Counter(
             "xz_udp_rebinds", "Sessions moved to a new device address (NAT rebinding)", registry=r
         )
