@@ -146,6 +146,17 @@ class OpusDecoder:
             raise OpusDecodeError(f"cannot decode Opus packet of {len(data)} bytes: {exc}") from exc
         return np.frombuffer(pcm, dtype=np.int16).copy()
 
+    def conceal(self, samples: int) -> np.ndarray:
+        """libopus's packet-loss concealment for one lost packet of ``samples`` samples (a multiple of
+        2.5 ms, at most 120 ms): audio extrapolated from the history, fading to silence over longer gaps."""
+        if not 0 < samples <= self._max_frame_samples or (samples * 400) % self.sample_rate:
+            raise ValueError(f"cannot conceal {samples} samples at {self.sample_rate} Hz")
+        try:  # a NULL packet is libopus's "this packet was lost"
+            pcm = _opus_decoder_api.decode(self._decoder.decoder_state, None, 0, samples, False, channels=1)
+        except opuslib_next.OpusError as exc:
+            raise OpusDecodeError(f"cannot conceal a lost packet: {exc}") from exc
+        return np.frombuffer(pcm, dtype=np.int16).copy()
+
     def reset(self) -> None:
         """Forget the decoder history (start of a new stream)."""
         self._decoder.reset_state()

@@ -1,5 +1,6 @@
 """Assembles the FastAPI app: device socket, OTA, the TTS API (gateway/api), health, metrics, and the
-HTTP guard in front of them (API keys and body caps, gateway/security/http_guard.py)."""
+HTTP guard in front of them (API keys and body caps, gateway/security/http_guard.py); with
+`transport.mqtt` on, the MQTT listener and UDP audio endpoint start and stop in its lifespan."""
 
 from __future__ import annotations
 
@@ -32,6 +33,13 @@ def create_app(config: Config, *, services: Services | None = None) -> FastAPI:
         svc = services or Services.build(config)
         app.state.services = svc
         await svc.start()
+        mqtt = None
+        if config.transport.mqtt.enabled:  # MQTT + UDP devices (docs/mqtt-udp.md); the codec loads only then
+            from gateway.transport.mqtt import MqttGateway
+
+            mqtt = MqttGateway(config, svc, app.state.device_auth)
+            await mqtt.start()
+            app.state.mqtt = mqtt
         log.info(
             "gateway ready: tts=%s llm=%s asr=%s downlink=%d Hz",
             svc.engine.backend_name,
@@ -42,7 +50,12 @@ def create_app(config: Config, *, services: Services | None = None) -> FastAPI:
         try:
             yield
         finally:
+            if mqtt is not None:
+                mqtt.stop_accepting()  # no new MQTT sessions while the live ones end with a goodbye
             await svc.close()
+            if mqtt is not None:
+                await mqtt.close()
+                app.state.mqtt = None
 
     app = FastAPI(title="Xiaozhi gateway", version="0.1.0", lifespan=lifespan)
     # API keys before any body is read, and every body capped while it streams (401 / 413).
@@ -50,6 +63,7 @@ def create_app(config: Config, *, services: Services | None = None) -> FastAPI:
     app.add_middleware(HttpGuard, api=config.api, docs_paths=docs_paths)
     install_log_redaction()  # no credentials from query strings in uvicorn's logs
     app.state.device_auth = DeviceAuth.from_config(config.server.auth)  # OTA tokens, socket admission
+    app.state.mqtt = None  # the MQTT listener and UDP endpoint while transport.mqtt is on (lifespan)
     app.include_router(ota.router)
     app.include_router(device_socket.router)
 

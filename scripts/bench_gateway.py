@@ -5,6 +5,7 @@
     python scripts/bench_gateway.py --burst --devices 20,50 --backend espeak --turns 2
     python scripts/bench_gateway.py --speech --devices 1,10,50 [--asr-model DIR]
     python scripts/bench_gateway.py --devices 100 --backend gpu-sim,fake --engine inprocess,worker
+    python scripts/bench_gateway.py --devices 100 --transport websocket,mqtt --udp-loss 0,0.05
 
 Starts the server in its own process (so its CPU time can be read from /proc),
 connects N devices, each sending typed queries (`listen detect`) and
@@ -35,6 +36,11 @@ gateway starts). The table then adds engine steps per second (xz_engine_steps_to
 splits the CPU: `cpu_pct_per_device` is the gateway process alone, `worker_cpu_pct_per_device` the
 worker's. `--backend gpu-sim` is a stand-in for a GPU model whose step holds the GIL for
 --gpu-sim-python-ms (kernel launches) and then waits --gpu-sim-step-ms with it released.
+
+With --transport websocket,mqtt the same server (its MQTT listener and UDP endpoint on) is measured
+with WebSocket devices and with MQTT + UDP devices (scripts/bench_transport.py), the MQTT ones once
+per --udp-loss share (datagrams dropped both ways); `udp_lost_pct` is the share of downlink packets
+the devices missed, and a gap a lost packet explains is not counted as a late frame.
 """
 
 from __future__ import annotations
@@ -58,6 +64,15 @@ if str(ROOT) not in sys.path:
 
 from gateway.xiaozhi import Stt  # noqa: E402
 from scripts.bench_process_stats import child_pids, cpu_seconds, cpu_seconds_of, engine_steps  # noqa: E402
+from scripts.bench_transport import (  # noqa: E402
+    arrival_gaps,
+    lost_frames,
+    make_device,
+    open_device,
+    prepare_devices,
+    transport_env,
+    udp_counters,
+)
 from scripts.device_sim import DeviceSimulator, Turn  # noqa: E402
 from scripts.speech import Utterance, utterance  # noqa: E402
 
@@ -103,17 +118,22 @@ class Stats:
     early_late: int = 0
     gaps: int = 0  # gaps after the pre-buffer burst, whole turns
     late: int = 0
+    frames: int = 0
+    lost: int = 0  # downlink packets a UDP device missed (sequence gaps)
 
     def add_turn(self, turn: Turn) -> None:
         self.turns += 1
         if turn.first_audio_latency is not None:
             self.first_audio.append(turn.first_audio_latency)
-        self.intervals.extend(turn.steady_intervals())
+        gaps = arrival_gaps(turn)  # a gap that a lost UDP packet explains is loss, not lateness
+        steady = gaps[5:]
+        self.intervals.extend(steady)
         self.underruns += device_underruns(turn)
-        early = turn.gaps[: EARLY_FRAMES - 1]
+        self.frames += len(turn.frames)
+        self.lost += lost_frames(turn)
+        early = gaps[: EARLY_FRAMES - 1]
         self.early_gaps += len(early)
         self.early_late += sum(g > LATE_S for g in early)
-        steady = turn.steady_intervals()
         self.gaps += len(steady)
         self.late += sum(g > LATE_S for g in steady)
 
@@ -149,12 +169,13 @@ async def run_device(
     start_at: float,
     clips: list[Utterance] | None = None,
     barrier: asyncio.Barrier | None = None,
+    sim: DeviceSimulator | None = None,
 ) -> None:
     await asyncio.sleep(max(0.0, start_at - time.monotonic()))
-    sim = DeviceSimulator(url, decode=False)
+    sim = sim or DeviceSimulator(url, decode=False)
     done = 0  # turns this device went through (a failed device still meets the barrier)
     try:
-        await sim.connect()
+        await open_device(sim)
         await sim.listen_start("auto")
         for k in range(turns):
             if barrier is not None:
@@ -188,18 +209,24 @@ async def bench(
     clips: list[Utterance] | None = None,
     *,
     burst: bool = False,
+    transport: str = "websocket",
+    udp_loss: float = 0.0,
 ) -> dict[str, float]:
     stats = Stats()
+    sims = [make_device(url, transport, i, udp_loss) for i in range(devices)]
+    await prepare_devices(sims)  # MQTT devices' OTA (their credentials), as at boot: before the clock starts
     workers = child_pids(pid)
     steps0 = await engine_steps(url, workers)
     t0 = time.monotonic()
     cpu0, worker_cpu0 = cpu_seconds(pid), cpu_seconds_of(workers)
+    client_cpu0 = time.process_time()  # the simulated devices share this process
     starts = [t0 + ramp_s * i / max(devices, 1) for i in range(devices)]
     barrier = asyncio.Barrier(devices) if burst else None
     async with asyncio.TaskGroup() as tg:
         for i in range(devices):
-            tg.create_task(run_device(url, i, turns, stats, starts[i], clips, barrier))
+            tg.create_task(run_device(url, i, turns, stats, starts[i], clips, barrier, sims[i]))
     wall = time.monotonic() - t0
+    client_cpu = time.process_time() - client_cpu0
     cpu = cpu_seconds(pid) - cpu0
     worker_cpu = cpu_seconds_of(workers) - worker_cpu0
     steps = await engine_steps(url, workers) - steps0
@@ -220,6 +247,8 @@ async def bench(
         "server_cpu_pct": 100 * cpu / wall,
         "worker_cpu_pct_per_device": 100 * worker_cpu / wall / max(devices, 1) if workers else float("nan"),
         "steps_per_s": steps / wall,
+        "udp_lost_pct": 100 * stats.lost / (stats.frames + stats.lost) if stats.frames else float("nan"),
+        "client_cpu_pct": 100 * client_cpu / wall,
     }
 
 
@@ -264,6 +293,7 @@ def print_table(
     speech: bool = False,
     burst: bool = False,
     engine: str | None = None,
+    transport: str | None = None,
 ) -> None:
     cols = [
         ("devices", "{:>7.0f}"),
@@ -279,10 +309,13 @@ def print_table(
         ("late_pct", "{:>8.1f}"),
         ("cpu_pct_per_device", "{:>18.2f}"),
         *([("worker_cpu_pct_per_device", "{:>25.2f}"), ("steps_per_s", "{:>11.1f}")] if engine else []),
+        *([("client_cpu_pct", "{:>14.1f}")] if transport else []),
+        *([("udp_lost_pct", "{:>12.2f}")] if transport and transport != "websocket" else []),
     ]
     notes = [" (speech: latencies from the end of the user's speech)" if speech else ""]
     notes.append(" (burst: every turn starts on all devices at once)" if burst else "")
     engine_note = f", engine: {engine}" if engine else ""
+    engine_note += f", transport: {transport}" if transport else ""
     print(f"\nbackend: {backend}{engine_note}" + "".join(notes))
     print(" ".join(f"{name:>{len(fmt.format(0))}}" for name, fmt in cols))
     for row in rows:
@@ -319,15 +352,37 @@ async def main_async(args: argparse.Namespace) -> int:
                 if backend == "gpu-sim":
                     extra["XZ_TTS__GPU_SIM__STEP_MS"] = str(args.gpu_sim_step_ms)
                     extra["XZ_TTS__GPU_SIM__PYTHON_MS"] = str(args.gpu_sim_python_ms)
+                variants = transport_variants(args)
+                if any(t == "mqtt" for t, _ in variants):
+                    extra.update(transport_env(free_port(), free_port()))
                 with server_process(backend, port, extra) as proc:
                     await wait_ready(url, timeout=120)
-                    rows = []
-                    for n in (int(x) for x in args.devices.split(",")):
-                        rows.append(
-                            await bench(url, proc.pid, n, args.turns, args.ramp, clips, burst=args.burst)
-                        )
-                    print_table(backend, rows, speech=clips is not None, burst=args.burst, engine=engine)
+                    for transport, loss in variants:
+                        rows = []
+                        for n in (int(x) for x in args.devices.split(",")):
+                            rows.append(
+                                await bench(url, proc.pid, n, args.turns, args.ramp, clips, burst=args.burst,
+                                            transport=transport, udp_loss=loss)  # fmt: skip
+                            )
+                        name = None if args.transport is None else (
+                            transport if transport == "websocket" else f"mqtt+udp, {100 * loss:g} % loss")
+                        print_table(backend, rows, speech=clips is not None, burst=args.burst, engine=engine,
+                                    transport=name)  # fmt: skip
+                        if transport == "mqtt":  # since the server started
+                            counters = await udp_counters(url)
+                            print("gateway UDP counters: " + ", ".join(f"{k} {v:g}" for k, v in counters.items()))
     return 0
+
+
+def transport_variants(args: argparse.Namespace) -> list[tuple[str, float]]:
+    """(transport, UDP loss) per table: the WebSocket once, MQTT + UDP once per --udp-loss share."""
+    variants: list[tuple[str, float]] = []
+    for transport in (args.transport or "websocket").split(","):
+        if transport not in ("websocket", "mqtt"):
+            raise SystemExit(f"--transport: websocket or mqtt, not {transport!r}")
+        losses = [float(x) for x in args.udp_loss.split(",")] if transport == "mqtt" else [0.0]
+        variants += [(transport, loss) for loss in losses]
+    return variants
 
 
 def main() -> int:
@@ -349,6 +404,9 @@ def main() -> int:
     )
     parser.add_argument("--speech", action="store_true", help="spoken turns (VAD + FunASR) instead of typed")
     parser.add_argument("--asr-model", default=None, help="FunASR model for --speech (default: a tiny one)")
+    parser.add_argument("--transport", default=None,
+                        help="websocket, mqtt (comma-separated: each, on the same server); default: websocket")
+    parser.add_argument("--udp-loss", default="0", help="mqtt: shares of UDP datagrams lost both ways, e.g. 0,0.05")
     return asyncio.run(main_async(parser.parse_args()))
 
 

@@ -3,6 +3,7 @@
 Used by the integration tests and the gateway benchmark, and runnable by hand:
 
     python scripts/device_sim.py --url http://127.0.0.1:8000 --text "你好，今天天气怎么样？"
+    python scripts/device_sim.py --transport mqtt --text "你好"     # MQTT + UDP (transport.mqtt on)
 
 It speaks the protocol through the same sans-I/O codec (device role) over a
 real WebSocket, records every downlink message and frame with its arrival
@@ -52,6 +53,13 @@ from gateway.xiaozhi import (  # noqa: E402
 from scripts.sim_mcp import FIRMWARE_TOOLS, McpToolError, SimMcpServer  # noqa: E402
 
 __all__ = ["FIRMWARE_TOOLS", "DeviceSimulator", "McpToolError", "Record", "Turn"]
+
+
+@dataclass(frozen=True)
+class LostFrames:
+    """Downlink packets missing before the next one (UDP): the decoder conceals them."""
+
+    packets: int
 
 
 @dataclass
@@ -189,7 +197,8 @@ class DeviceSimulator:
             "User-Agent": "bread-compact-wifi/2.4.2",
             "Accept-Language": "zh-CN",
         }
-        async with httpx.AsyncClient(timeout=10) as client:
+        # no certificate bundle to load for plain HTTP (it costs ~25 ms of CPU per client)
+        async with httpx.AsyncClient(timeout=10, verify=self.base_url.startswith("https:")) as client:
             reply = await client.post(f"{self.base_url}/xiaozhi/ota/", json=body, headers=headers)
         reply.raise_for_status()
         data = reply.json()
@@ -334,6 +343,9 @@ class DeviceSimulator:
                     turn.records.append(record)
                     if isinstance(record.event, AudioOut) and self.decode and self._decoder is not None:
                         pcm.append(self._decoder.decode(record.event.opus))
+                    elif isinstance(record.event, LostFrames) and self.decode and self._decoder is not None:
+                        for _ in range(record.event.packets):  # packet-loss concealment, 60 ms each
+                            pcm.append(self._decoder.conceal(self._decoder.sample_rate * 60 // 1000))
                     if isinstance(record.event, TtsStop):
                         break
         except TimeoutError:
@@ -352,7 +364,15 @@ class DeviceSimulator:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    sim = DeviceSimulator(args.url, protocol_version=args.protocol_version)
+    sim: DeviceSimulator
+    if args.transport == "mqtt":  # MQTT + UDP, as the firmware (or py-xiaozhi with --subscribe) does it
+        from scripts.device_sim_mqtt import Impairment, MqttDeviceSimulator, SubscribingMqttDevice
+
+        kind = SubscribingMqttDevice if args.subscribe else MqttDeviceSimulator
+        sim = kind(args.url, uplink=Impairment(args.udp_loss, args.udp_reorder, seed=1),
+                   downlink=Impairment(args.udp_loss, args.udp_reorder, seed=2))  # fmt: skip
+    else:
+        sim = DeviceSimulator(args.url, protocol_version=args.protocol_version)
     ota = await sim.ota()
     print("OTA:", json.dumps(ota, ensure_ascii=False))
     hello = await sim.connect()
@@ -375,4 +395,10 @@ if __name__ == "__main__":
     parser.add_argument("--text", action="append", help="typed query (repeatable)")
     parser.add_argument("--protocol-version", type=int, default=1, choices=(1, 2, 3))
     parser.add_argument("--save-wav", help="write the last turn's decoded audio here")
+    parser.add_argument("--transport", choices=("websocket", "mqtt"), default="websocket",
+                        help="mqtt: MQTT + UDP as the firmware does it (OTA must offer `mqtt`: transport.mqtt)")
+    parser.add_argument("--subscribe", action="store_true",
+                        help="with --transport mqtt: subscribe to subscribe_topic, as py-xiaozhi does")
+    parser.add_argument("--udp-loss", type=float, default=0.0, help="share of UDP packets lost, both ways")
+    parser.add_argument("--udp-reorder", type=float, default=0.0, help="share of UDP packets reordered")
     sys.exit(asyncio.run(_main(parser.parse_args())))

@@ -7,7 +7,7 @@
 #        nginx (tests/test_deploy_topology.py runs deploy/nginx.conf unprivileged on loopback),
 #        postgresql (the store's tests start their own server: initdb in a temporary folder)
 #   pip: torch==2.13.0 when no torch is installed, then this project + test and
-#        asr extras, and FunASR for speech recognition (see below)
+#        asr extras, FunASR for speech recognition and amqtt's MQTT packets (see below)
 # With --models it then downloads the speech models (scripts/download_model.py:
 # Fun-CosyVoice3-0.5B-2512, ~4.4 GB, and SenseVoiceSmall, ~0.9 GB, into models/;
 # resumed when run again; $MODEL_ARGS adds options, e.g. MODEL_ARGS="--source hf").
@@ -54,7 +54,7 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
 fi
 
 if ! "$PY" -c "import gateway, opuslib_next, fastapi, pytest_asyncio, kaldi_native_fbank, wetext, playwright, \
-mypy, sqlalchemy, aiosqlite, asyncpg, greenlet" >/dev/null 2>&1 \
+mypy, sqlalchemy, aiosqlite, asyncpg, greenlet, cryptography, paho.mqtt.client" >/dev/null 2>&1 \
    || [ pyproject.toml -nt .setup-stamp ] 2>/dev/null; then
   echo "setup: installing the project and its test and asr extras"
   "$PY" -m pip install -q -e ".[test,asr]"
@@ -78,6 +78,15 @@ fi
 if ! "$PY" -c "import importlib.util as u; assert u.find_spec('xiaozhi_sdk')" >/dev/null 2>&1; then
   echo "setup: installing xiaozhi-sdk (a device client for the tests) without its CLI's dependencies"
   "$PY" -m pip install -q --no-deps xiaozhi-sdk==0.5.1
+fi
+
+# amqtt's MQTT packet classes (the codec of transport.mqtt, gateway/transport/mqtt_codec.py) without its
+# declared dependencies: it pins websockets==15.0.1 for its broker's WebSocket listener, which we do not
+# use and which would replace this project's websockets; its packet modules import only websockets,
+# pyyaml and typing_extensions, which the project already has.
+if ! "$PY" -c "import importlib.util as u; assert u.find_spec('amqtt')" >/dev/null 2>&1; then
+  echo "setup: installing amqtt (MQTT packet codec) without its broker's dependencies"
+  "$PY" -m pip install -q --no-deps amqtt==0.12.1
 fi
 
 if [ "$models" -eq 1 ]; then

@@ -35,6 +35,7 @@ class RunningGateway:
     url: str
     services: Services
     loop: asyncio.AbstractEventLoop
+    app: Any = None  # the FastAPI app (its state: the MQTT listener when transport.mqtt is on)
 
     @property
     def ws_url(self) -> str:
@@ -106,7 +107,7 @@ async def _serving(
     gateway_url = f"http://127.0.0.1:{port}"
     await _started(gateway_url)
     try:
-        yield RunningGateway(url=gateway_url, services=services, loop=loop)
+        yield RunningGateway(url=gateway_url, services=services, loop=loop, app=app)
     finally:
         server.should_exit = True
         await asyncio.to_thread(thread.join, 15)

@@ -2,8 +2,8 @@
 
 `from gateway.config import Config, load_config, ConfigError, TTSConfig, ...` is the way in; the
 sections live in `server` (device socket, OTA, audio, sessions), `llm` (LLM, tools, segmenter), `asr`,
-`engine` (tts, engine, gpu: derived from the engine's own settings in tts_engine/settings.py), `api`
-and `store` (where the gateway keeps its data).
+`engine` (tts, engine, gpu: derived from the engine's own settings in tts_engine/settings.py), `api`,
+`store` (where the gateway keeps its data) and `transport` (MQTT + UDP).
 """
 
 from gateway.config.api import OPENAI_VOICE_NAMES, ApiConfig
@@ -14,10 +14,12 @@ from gateway.config.llm import BUILTIN_TOOL_NAMES, LLMConfig, MCPServerConfig, S
 from gateway.config.loader import DEFAULT_CONFIG_PATH, ENV_PREFIX, Config, load_config
 from gateway.config.server import AudioConfig, AuthConfig, OtaConfig, ServerConfig, SessionConfig
 from gateway.config.store import StoreConfig
+from gateway.config.transport import MqttConfig, TransportConfig, UdpConfig
 
 __all__ = [
     "BUILTIN_TOOL_NAMES", "DEFAULT_CONFIG_PATH", "ENV_PREFIX", "OPENAI_VOICE_NAMES", "ASRConfig", "ApiConfig",
     "AudioConfig", "AuthConfig", "Config", "ConfigError", "EngineConfig", "GPUConfig", "GpuSimConfig",
     "LLMConfig", "MCPServerConfig", "OtaConfig", "SegmenterConfig", "ServerConfig", "SessionConfig",
-    "StoreConfig", "TTSConfig", "ToolsConfig", "VADConfig", "load_config",
+    "StoreConfig", "TTSConfig", "ToolsConfig", "VADConfig", "load_config", "MqttConfig", "TransportConfig",
+    "UdpConfig",
 ]  # fmt: skip

@@ -28,6 +28,7 @@ from gateway.config.engine import EngineConfig, GPUConfig, TTSConfig
 from gateway.config.llm import LLMConfig, SegmenterConfig, ToolsConfig
 from gateway.config.server import AudioConfig, OtaConfig, ServerConfig, SessionConfig
 from gateway.config.store import StoreConfig
+from gateway.config.transport import TransportConfig
 from tts_engine.settings import Settings
 
 DEFAULT_CONFIG_PATH = Path(__file__).resolve().parents[2] / "config.yaml"
@@ -48,6 +49,7 @@ class Config(Section):
     api: ApiConfig = Field(default_factory=ApiConfig)
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    transport: TransportConfig = Field(default_factory=TransportConfig)  # MQTT + UDP (docs/mqtt-udp.md)
 
     @field_validator("session")
     @classmethod

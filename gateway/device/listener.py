@@ -105,6 +105,7 @@ class Listener:
         self.endpointing = True
         self.dropped_samples = 0
         self.bad_packets = 0
+        self.concealed_packets = 0  # lost uplink packets (UDP) filled by the decoder's concealment
 
     # ---- control -----------------------------------------------------------------
 
@@ -148,6 +149,26 @@ class Listener:
         if not pcm.size or self.muted:
             return []
         return self.push_pcm(pcm)
+
+    def conceal(self, packets: int, frame_ms: int = 60) -> list[ListenEvent]:
+        """Packets lost in transit (a UDP sequence gap): the decoder's concealment fills their time, so
+        the VAD's clock and the utterance keep their length. Returns the boundaries it completes."""
+        events: list[ListenEvent] = []
+        for _ in range(packets):
+            try:
+                pcm = self._decoder.conceal(SAMPLE_RATE * frame_ms // 1000)
+            except (OpusDecodeError, ValueError) as exc:
+                log.debug("no concealment for a lost uplink packet: %s", exc)
+                return events
+            self.concealed_packets += 1
+            if pcm.size and self.clean is not None:
+                try:
+                    pcm = self.clean(pcm, 0)
+                except Exception:
+                    log.exception("echo cancellation failed on a concealed frame")
+            if pcm.size and not self.muted:
+                events += self.push_pcm(pcm)
+        return events
 
     def push_pcm(self, pcm: np.ndarray) -> list[ListenEvent]:
         self._audio.append(pcm)

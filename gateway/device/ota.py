@@ -1,8 +1,9 @@
 """The OTA endpoint: the only way a device learns the WebSocket URL and framing.
 
 Parsed leniently: devices send odd types (`minimum_free_heap_size` is a
-string) and test clients send less. The reply never carries `mqtt` (the device
-would switch transport), `activation`, or a firmware offer it would install.
+string) and test clients send less. The reply carries `mqtt` (the device then switches to MQTT + UDP)
+only when `transport.mqtt` is on for that device (gateway/transport/ota_offer.py, docs/mqtt-udp.md),
+and never `activation` or a firmware offer it would install.
 
 With `server.auth` on, `websocket.token` is a device token bound to the asking Device-Id, and only
 for an admitted device (gateway/security/device_tokens.py, docs/device-auth.md); the operators' static
@@ -23,6 +24,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from gateway.config import Config
 from gateway.security.device_tokens import DeviceAuth
 from gateway.security.log_redaction import loggable
+from gateway.transport.ota_offer import add_mqtt_offer
 from gateway.xiaozhi import RemoteProtocolError
 from gateway.xiaozhi.handshake import check_identity, normalize_device_id
 
@@ -108,7 +110,9 @@ async def ota(request: Request) -> JSONResponse:
         log.info("OTA from device %s (%s): not admitted, no device token", device_id or "?", user_agent)
     else:
         log.info("OTA from device %s (%s)", device_id or "?", user_agent)
-    return JSONResponse(ota_reply(services.config, request, body, token))
+    reply = ota_reply(services.config, request, body, token)
+    add_mqtt_offer(reply, request, device_id, client_id)  # `mqtt` only with transport.mqtt on for this device
+    return JSONResponse(reply)
 
 
 @router.get("/xiaozhi/ota/")

@@ -2,7 +2,8 @@
 
 A turn is a task (with its own task group inside the speaker); abort, a new
 query or the end of the connection cancel it, and its `finally` sends the one
-`tts stop` that matches its `tts start`. Only `_send` touches the socket.
+`tts stop` that matches its `tts start`. Only `_send` touches the transport (gateway/transport/: the
+WebSocket, or MQTT with UDP audio; the session is the same on both).
 
 Its parts: the turns (gateway/speech/turns.py, one `Turn` per reply, gateway/speech/turn.py),
 listening (gateway/device/listen.py), tools (gateway/device/session_tools.py), the idle
@@ -18,7 +19,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -32,8 +33,10 @@ from gateway.llm.conversation import Conversation
 from gateway.services import Services
 from gateway.speech.turns import Turns, metrics_recorder
 from gateway.speech.voice_choice import VoiceChoice
+from gateway.transport.base import DatagramAudio, DeviceTransport, UplinkLoss
 from gateway.xiaozhi import (
     Abort,
+    AudioIn,
     AudioOut,
     AudioParams,
     Event,
@@ -54,11 +57,7 @@ from gateway.xiaozhi import (
 log = logging.getLogger(__name__)
 
 
-class DeviceSocket(Protocol):
-    async def receive(self) -> str | bytes | None: ...
-    async def send_text(self, text: str) -> None: ...
-    async def send_bytes(self, data: bytes) -> None: ...
-    async def close(self, code: int = 1000) -> None: ...
+DeviceSocket = DeviceTransport  # the name the WebSocket path has always used
 
 
 class SessionClosed(Exception):
@@ -66,9 +65,21 @@ class SessionClosed(Exception):
 
 
 class Session(ListenHandling):
-    def __init__(self, socket: DeviceSocket, info: HandshakeInfo, services: Services) -> None:
+    """``socket`` is the device's transport (gateway/transport/base.py); ``datagrams`` is given when its
+    audio travels as UDP datagrams (MQTT devices): the hello then says `transport: "udp"` with the
+    `udp` object, and audio goes to it instead of binary messages."""
+
+    def __init__(
+        self,
+        socket: DeviceTransport,
+        info: HandshakeInfo,
+        services: Services,
+        *,
+        datagrams: DatagramAudio | None = None,
+    ) -> None:
         cfg = services.config
         self.socket = socket
+        self.datagrams = datagrams
         self.info = info
         self.services = services
         self.session_id = str(uuid.uuid4())
@@ -78,6 +89,7 @@ class Session(ListenHandling):
             session_id=self.session_id,
             max_text_bytes=cfg.session.max_text_frame_bytes,
             max_binary_bytes=cfg.session.max_binary_frame_bytes,
+            transport="websocket" if datagrams is None else "udp",
         )
         self.listener = Listener(cfg.asr.vad, max_utterance_s=cfg.audio.max_utterance_s)
         self.conversation = Conversation(cfg.llm.system_prompt, max_turns=cfg.llm.max_history_turns)
@@ -169,8 +181,12 @@ class Session(ListenHandling):
                 return
             if isinstance(message, bytes):
                 await self._on_binary(message)
-            else:
+            elif isinstance(message, str):
                 await self._on_text(message)
+            elif isinstance(message, AudioIn):
+                await self._on_audio(message)
+            else:
+                await self._on_loss(message)
 
     async def _watchdog(self) -> None:
         """Ends the session at its idle deadline (gateway/device/idle.py)."""
@@ -195,9 +211,14 @@ class Session(ListenHandling):
 
     async def _send(self, event: Event) -> None:
         if isinstance(event, AudioOut) and self.echo is not None:
-            # the echo reference; v2 frames carry their play start for the device to echo back
+            # the echo reference; v2 frames (and UDP packets) carry their play start for the device to echo back
             start_ms = self.echo.reference.add_packet(event.opus, self._now_ms())
             event = dataclasses.replace(event, timestamp_ms=int(start_ms) & 0xFFFFFFFF)
+        if isinstance(event, AudioOut) and self.datagrams is not None:
+            if self.echo is None:  # the timestamp field carries the session's playback clock either way
+                event = dataclasses.replace(event, timestamp_ms=int(self._now_ms()) & 0xFFFFFFFF)
+            self.datagrams.send_audio(event)  # paced by the turn, as on the WebSocket; never blocks
+            return
         data = self.conn.send(event)
         if isinstance(event, TtsStop):
             self._tts_stops_sent += 1
@@ -221,6 +242,13 @@ class Session(ListenHandling):
             self.services.metrics.protocol_errors.labels("binary").inc()
             log.debug("session %s: dropped binary frame: %s", self.session_id, exc)
             return
+        if isinstance(audio, AudioIn):  # always, on a server-role connection
+            await self._on_audio(audio)
+
+    async def _on_audio(self, audio: AudioIn) -> None:
+        """One uplink Opus packet, from a binary message or a UDP datagram."""
+        if not self._hello_done:
+            return
         self.services.metrics.frames_received.inc()
         if self.listening and audio.opus:
             before = self.listener.dropped_samples
@@ -229,6 +257,13 @@ class Session(ListenHandling):
                 self.services.metrics.utterance_overflow.inc()
             for event in events:
                 await self._on_speech(event)
+
+    async def _on_loss(self, loss: UplinkLoss) -> None:
+        """Uplink packets lost in transit (UDP): the decoder conceals them, so the utterance keeps its time."""
+        if not (self._hello_done and self.listening) or loss.packets <= 0:
+            return
+        for event in self.listener.conceal(loss.packets):
+            await self._on_speech(event)
 
     async def _on_text(self, text: str) -> None:
         try:
@@ -264,7 +299,12 @@ class Session(ListenHandling):
             # it is empty: the device-socket token must never travel to a third-party URL.
             vision = VisionCapability(url=cfg.vision_url, token="")
             self.mcp = DeviceMcpClient(self._send_mcp, timeout_s=cfg.mcp_timeout_s, vision=vision)
-        await self._send(ServerHello(session_id=self.session_id, audio_params=params))
+        if self.datagrams is None:
+            reply = ServerHello(session_id=self.session_id, audio_params=params)
+        else:
+            reply = ServerHello(session_id=self.session_id, audio_params=params, transport="udp",
+                                udp=self.datagrams.udp_params())  # fmt: skip
+        await self._send(reply)
         self.idle.greeted()  # the idle deadlines replace the hello deadline
         if start_mcp and self.mcp is not None and self._tg is not None:
             # `initialize` only after our hello reply went out: clients set up MCP on that reply.

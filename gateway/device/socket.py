@@ -3,58 +3,29 @@
 A refused upgrade gets a plain HTTP answer: 400 (bad handshake), 401 (no valid token) or 409 (the
 Device-Id is connected with a token and this connection has none). A new connection with the
 same Device-Id replaces the old session only once it is admitted, and never with less proof.
-The registry of live sessions (gateway/device/registry.py) is written only here.
+The registry of live sessions (gateway/device/registry.py) is written only here and by the MQTT
+listener (gateway/transport/mqtt.py), under the same rules.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import replace
 
 from fastapi import APIRouter, WebSocket
 from fastapi.responses import PlainTextResponse
-from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from gateway.device.ota import DEVICE_WS_PATH
 from gateway.device.session import Session
 from gateway.security.device_tokens import Admission, DeviceAuth
 from gateway.security.log_redaction import loggable
 from gateway.services import Services
+from gateway.transport.websocket import StarletteDeviceSocket
 from gateway.xiaozhi import RemoteProtocolError, parse_handshake
 
 log = logging.getLogger(__name__)
 
 router = APIRouter()
-
-
-class StarletteDeviceSocket:
-    """Adapts Starlette's WebSocket to the Session's small socket protocol."""
-
-    def __init__(self, ws: WebSocket) -> None:
-        self._ws = ws
-
-    async def receive(self) -> str | bytes | None:
-        try:
-            message = await self._ws.receive()
-        except (WebSocketDisconnect, RuntimeError):
-            return None
-        if message["type"] == "websocket.disconnect":
-            return None
-        if message.get("bytes") is not None:
-            return message["bytes"]
-        return message.get("text") or ""
-
-    async def send_text(self, text: str) -> None:
-        await self._ws.send_text(text)
-
-    async def send_bytes(self, data: bytes) -> None:
-        await self._ws.send_bytes(data)
-
-    async def close(self, code: int = 1000) -> None:
-        if self._ws.application_state != WebSocketState.DISCONNECTED:
-            with contextlib.suppress(RuntimeError, WebSocketDisconnect):
-                await self._ws.close(code)
 
 
 async def _reject(ws: WebSocket, status: int, message: str) -> None:

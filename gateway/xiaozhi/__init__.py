@@ -8,6 +8,7 @@ from .connection import Role, XiaozhiConnection
 from .emotions import DEFAULT_EMOTION, EMOTIONS, emotion_for_emoji, find_emotion, is_emotion
 from .errors import CloseCode, LocalProtocolError, ProtocolError, RemoteProtocolError
 from .events import (
+    TRANSPORTS,
     Abort,
     Alert,
     AudioIn,
@@ -32,6 +33,7 @@ from .events import (
     TtsSentenceStart,
     TtsStart,
     TtsStop,
+    UdpParams,
     UnknownMessage,
 )
 from .framing import BINARY_VERSIONS, header_size, pack_audio, unpack_audio
@@ -70,7 +72,9 @@ __all__ = [
     "TtsSentenceEnd",
     "TtsSentenceStart",
     "TtsStart",
+    "TRANSPORTS",
     "TtsStop",
+    "UdpParams",
     "UnknownMessage",
     "XiaozhiConnection",
     "emotion_for_emoji",

@@ -21,6 +21,7 @@ from typing import Any
 
 from .errors import CloseCode, LocalProtocolError, RemoteProtocolError
 from .events import (
+    TRANSPORTS,
     Abort,
     Alert,
     AudioIn,
@@ -116,7 +117,9 @@ class XiaozhiConnection:
     cannot change during the connection. ``session_id`` goes into outgoing JSON messages: a server
     adds it when non-empty (and adopts the one of the :class:`ServerHello` it sends); a device
     adds it to every message but its hello, like the firmware, and learns it from the server hello.
-    Limits on received frame sizes are checked before anything is parsed.
+    Limits on received frame sizes are checked before anything is parsed. ``transport`` is the
+    hello's: ``"websocket"``, or ``"udp"`` for MQTT devices (their audio goes over UDP,
+    gateway/xiaozhi/udp.py); a device-role connection refuses a server hello for the other one.
     """
 
     def __init__(
@@ -127,6 +130,7 @@ class XiaozhiConnection:
         session_id: str = "",
         max_text_bytes: int = 64 * 1024,
         max_binary_bytes: int = 65535 + 16,
+        transport: str = "websocket",
     ) -> None:
         if not isinstance(role, Role):
             raise LocalProtocolError(f"role must be a Role, got {role!r}")
@@ -134,7 +138,10 @@ class XiaozhiConnection:
         for name, limit in (("max_text_bytes", max_text_bytes), ("max_binary_bytes", max_binary_bytes)):
             if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
                 raise LocalProtocolError(f"{name} must be a positive integer, got {limit!r}")
+        if transport not in TRANSPORTS:
+            raise LocalProtocolError(f"transport must be one of {sorted(TRANSPORTS)}, got {transport!r}")
         self._role = role
+        self._transport = transport
         self._binary_version = binary_version
         self._max_text_bytes = max_text_bytes
         self._max_binary_bytes = max_binary_bytes
@@ -149,6 +156,10 @@ class XiaozhiConnection:
     @property
     def role(self) -> Role:
         return self._role
+
+    @property
+    def transport(self) -> str:
+        return self._transport
 
     @property
     def binary_version(self) -> int:
@@ -191,6 +202,12 @@ class XiaozhiConnection:
         if _SURROGATE_ESCAPE.search(text):
             msg = _without_lone_surrogates(msg)
         event = self._parse(msg)
+        if isinstance(event, ServerHello) and event.transport != self._transport:
+            # the firmware ignores a hello for another transport (and then times out)
+            raise RemoteProtocolError(
+                f"server hello for transport {event.transport!r} on a {self._transport!r} connection",
+                close_code_hint=CloseCode.INVALID_DATA,
+            )
         if isinstance(event, ServerHello) and isinstance(msg.get("session_id"), str):
             self._session_id = event.session_id  # as the firmware does; absent keeps the old one
         return event

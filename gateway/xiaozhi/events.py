@@ -17,6 +17,7 @@ Direction (see docs/xiaozhi-protocol.md section 4.1):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -202,15 +203,56 @@ class UnknownMessage:
 # --- server -> device ------------------------------------------------------------------------
 
 
+TRANSPORTS = frozenset({"websocket", "udp"})
+"""The hello's ``transport``: the WebSocket, or MQTT for messages with UDP for audio (docs/mqtt-udp.md)."""
+
+_HEX16 = re.compile(r"[0-9a-fA-F]{32}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UdpParams:
+    """Where and how a device sends its UDP audio (the MQTT server hello's ``udp`` object).
+
+    ``key`` and ``nonce`` are hex of exactly 16 bytes (the firmware ignores the hello otherwise); the
+    nonce is the 16-byte packet header the device starts from, so its first byte must be 0x01.
+    """
+
+    server: str
+    port: int
+    key: str
+    nonce: str
+
+    def __post_init__(self) -> None:
+        _check_str(self, "server")
+        if not self.server:
+            raise _fail(UdpParams, "server must not be empty")
+        _check_int(self, "port", minimum=1, maximum=65535)
+        for name in ("key", "nonce"):
+            _check_str(self, name)
+            if not _HEX16.fullmatch(getattr(self, name)):
+                raise _fail(UdpParams, f"{name} must be 32 hex digits (16 bytes)")
+        if self.nonce[:2] != "01":
+            raise _fail(UdpParams, "nonce must start with 01 (the audio packet type)")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServerHello:
-    """The server's hello. ``audio_params`` must describe the downlink stream actually sent."""
+    """The server's hello. ``audio_params`` must describe the downlink stream actually sent.
+
+    ``transport`` is ``"websocket"``, or ``"udp"`` with ``udp`` (MQTT devices, docs/mqtt-udp.md).
+    """
 
     session_id: str
     audio_params: AudioParams = field(default_factory=lambda: AudioParams(sample_rate=24000))
+    transport: str = "websocket"
+    udp: UdpParams | None = None
 
     def __post_init__(self) -> None:
         _check_str(self, "session_id")
+        if self.transport not in TRANSPORTS:
+            raise _fail(ServerHello, f"transport must be one of {sorted(TRANSPORTS)}, got {self.transport!r}")
+        if (self.transport == "udp") != isinstance(self.udp, UdpParams):
+            raise _fail(ServerHello, "a udp hello needs its udp parameters, and only a udp hello has them")
         if not isinstance(self.audio_params, AudioParams):
             raise _fail(ServerHello, "audio_params must be an AudioParams")
         if self.audio_params.sample_rate not in SERVER_SAMPLE_RATES:

@@ -3,7 +3,7 @@
 Parsing is lenient where the firmware or the incumbent is (missing optional fields, extra fields,
 integral floats) and raises :class:`RemoteProtocolError` where a message cannot mean anything
 (wrong field types, unknown ``listen``/``tts`` states, a server hello without
-``transport:"websocket"``). Unknown message types become :class:`UnknownMessage`.
+``transport`` "websocket" or "udp" with its ``udp`` object). Unknown message types become :class:`UnknownMessage`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 from .errors import CloseCode, LocalProtocolError, RemoteProtocolError
 from .events import (
+    TRANSPORTS,
     Abort,
     Alert,
     AudioParams,
@@ -32,6 +33,7 @@ from .events import (
     TtsSentenceStart,
     TtsStart,
     TtsStop,
+    UdpParams,
     UnknownMessage,
 )
 
@@ -151,13 +153,21 @@ _FIRMWARE_DOWNLINK_DEFAULT = AudioParams(sample_rate=24000, frame_duration=60)
 
 def _parse_server_hello(fields: _Fields) -> ServerHello:
     transport = fields.text("transport", None)
-    if transport != "websocket":
+    if transport not in TRANSPORTS:
         # The firmware ignores such a hello (and crashes its log line when transport is absent).
-        raise _invalid(f"server hello must have transport 'websocket', got {transport!r}")
+        raise _invalid(f"server hello must have transport 'websocket' or 'udp', got {transport!r}")
     params = _audio_params(fields, _FIRMWARE_DOWNLINK_DEFAULT)
+    udp = None
+    if transport == "udp":  # without a complete `udp` object the firmware ignores the hello
+        inner = _Fields(fields.obj("udp"), "udp")
+        udp = UdpParams(
+            server=inner.text("server"), port=inner.integer("port"), key=inner.text("key"), nonce=inner.text("nonce")
+        )
     return ServerHello(
         session_id=fields.text("session_id", ""),
         audio_params=params if params is not None else _FIRMWARE_DOWNLINK_DEFAULT,
+        transport=transport,
+        udp=udp,
     )
 
 
@@ -303,17 +313,21 @@ _SERIALISERS: dict[type, Callable[[Any], dict[str, Any]]] = {
 def message_json(event: Event, *, binary_version: int) -> dict[str, Any]:
     """The JSON object for a text event, without ``session_id`` except in a server hello.
 
-    A server hello always carries ``transport:"websocket"`` (the firmware needs it) and the
-    connection's ``binary_version``. Raises :class:`LocalProtocolError` for audio events.
+    A server hello always carries its ``transport`` (the firmware needs it; ``"udp"`` with the ``udp``
+    object) and the connection's ``binary_version``. Raises :class:`LocalProtocolError` for audio events.
     """
     if isinstance(event, ServerHello):
-        return {
+        body = {
             "type": "hello",
             "version": binary_version,
-            "transport": "websocket",
+            "transport": event.transport,
             "session_id": event.session_id,
             "audio_params": _audio_params_json(event.audio_params),
         }
+        if event.udp is not None:
+            udp = event.udp
+            body["udp"] = {"server": udp.server, "port": udp.port, "key": udp.key, "nonce": udp.nonce}
+        return body
     serialiser = _SERIALISERS.get(type(event))
     if serialiser is None:
         raise LocalProtocolError(f"{type(event).__name__} is not a text message")
