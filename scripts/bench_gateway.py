@@ -6,6 +6,10 @@
     python scripts/bench_gateway.py --speech --devices 1,10,50 [--asr-model DIR]
     python scripts/bench_gateway.py --devices 100 --backend gpu-sim,fake --engine inprocess,worker
     python scripts/bench_gateway.py --devices 100 --transport websocket,mqtt --udp-loss 0,0.05
+    python scripts/bench_gateway.py --arrivals poisson --backend gpu-sim --load 0.3,0.6,0.9
+
+With --arrivals poisson, replies of the engine benchmark's traffic arrive as device turns at fractions of
+the backend's measured capacity (scripts/bench_gateway_poisson.py has the table's columns).
 
 Starts the server in its own process (so its CPU time can be read from /proc),
 connects N devices, each sending typed queries (`listen detect`) and
@@ -357,6 +361,13 @@ async def main_async(args: argparse.Namespace) -> int:
                     extra.update(transport_env(free_port(), free_port()))
                 with server_process(backend, port, extra) as proc:
                     await wait_ready(url, timeout=120)
+                    if args.arrivals == "poisson":
+                        from scripts.bench_gateway_poisson import run_poisson
+
+                        print(f"\nbackend: {backend}, engine: {engine or 'as configured'}, arrivals: poisson, "
+                              f"replies/load={args.replies} seed={args.seed}")  # fmt: skip
+                        await run_poisson(url, proc, argparse.Namespace(**{**vars(args), "backend": backend}))
+                        continue
                     for transport, loss in variants:
                         rows = []
                         for n in (int(x) for x in args.devices.split(",")):
@@ -407,7 +418,18 @@ def main() -> int:
     parser.add_argument("--transport", default=None,
                         help="websocket, mqtt (comma-separated: each, on the same server); default: websocket")
     parser.add_argument("--udp-loss", default="0", help="mqtt: shares of UDP datagrams lost both ways, e.g. 0,0.05")
-    return asyncio.run(main_async(parser.parse_args()))
+    parser.add_argument("--arrivals", choices=("ramp", "poisson"), default="ramp",
+                        help="poisson: replies arrive as a Poisson process (scripts/bench_gateway_poisson.py)")
+    parser.add_argument("--load", default="0.3,0.6,0.9", help="poisson: fractions of the measured capacity")
+    parser.add_argument("--replies", type=int, default=60, help="poisson: replies per load")
+    parser.add_argument("--streams", type=int, default=16, help="poisson: replies in flight for the capacity")
+    parser.add_argument("--seed", type=int, default=0, help="poisson: seed of the replies and arrivals")
+    args = parser.parse_args()
+    if args.arrivals == "poisson":
+        from scripts.bench_engine_poisson import git_commit
+
+        print(f"commit={git_commit()} {' '.join(f'{k}={v}' for k, v in sorted(vars(args).items()))}", flush=True)
+    return asyncio.run(main_async(args))
 
 
 if __name__ == "__main__":
