@@ -49,6 +49,7 @@ class ServerConfig(Section):
 class OtaConfig(Section):
     timezone_offset_minutes: int = Field(480, ge=-720, le=840)
     websocket_version: Literal[1, 2, 3] = 1
+    activation: Literal["off", "code"] = "off"  # code: unknown devices activate by a code (`devices` section)
 
 
 class AudioConfig(Section):
