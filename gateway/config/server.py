@@ -51,6 +51,11 @@ class OtaConfig(Section):
     websocket_version: Literal[1, 2, 3] = 1
     activation: Literal["off", "code"] = "off"  # code: unknown devices activate by a code (`devices` section)
 
+    @field_validator("activation", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: object) -> object:
+        return "off" if v is False else v  # YAML 1.1 reads a bare `off` as false
+
 
 class AudioConfig(Section):
     output_sample_rate: Literal[16000, 24000] = 16000

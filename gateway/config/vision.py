@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from gateway.config.base import Section
+
+HTTP_URL = r"^(https?://\S+)?$"  # empty, or http(s)://...
 
 
 class VisionConfig(Section):
@@ -12,7 +14,7 @@ class VisionConfig(Section):
     # themselves. Empty (and no agent naming one): the endpoint is off and devices get no vision URL.
     model: str = Field("", max_length=128)
     # Its endpoint and key; empty: llm.base_url and llm.api_key.
-    base_url: str = Field("", max_length=512)
+    base_url: str = Field("", max_length=512, pattern=HTTP_URL)
     api_key: str = Field("", repr=False, max_length=512)
     # One explanation, end to end (the model's whole answer).
     timeout_s: float = Field(30, gt=0, le=300)
@@ -24,11 +26,5 @@ class VisionConfig(Section):
     # from the device's own connection, as OTA derives the WebSocket URL (server.public_ws_url, else the
     # Host header; server.trust_forwarded_headers behind a proxy). session.vision_url, when set, wins
     # (a third-party endpoint: then no token is sent).
-    public_url: str = Field("", max_length=2048)
+    public_url: str = Field("", max_length=2048, pattern=HTTP_URL)
 
-    @field_validator("base_url", "public_url")
-    @classmethod
-    def _http(cls, v: str) -> str:
-        if v and not v.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        return v
