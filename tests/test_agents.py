@@ -209,3 +209,31 @@ async def test_the_management_api_needs_an_admin_key() -> None:
                 assert (await client.request(method, f"{gw.url}{path}", json={})).status_code == 401
             ok = await client.get(f"{gw.url}/v1/agents", headers={"Authorization": "Bearer admin-key-1"})
         assert ok.status_code == 200
+
+
+async def test_an_agents_memory_and_idle_timeouts_apply_to_its_devices() -> None:
+    async with scripted_llm() as llm, running_gateway(config(llm), backend=InstructBackend()) as gw:
+        model = {"provider": "openai", "base_url": llm.base_url, "model": "m"}
+        await new_agent(gw, name="remembers", memory=True, llm=model)  # session.memory is none
+        await new_agent(gw, name="forgets", llm=model, idle_no_voice_s=1.0, idle_hard_s=1.5)
+        keeper = await bound_device(gw, "remembers", device_id="02:00:00:00:a1:01")
+        await keeper.ask("我叫小明")
+        await keeper.close()
+        await gw.call(gw.services.memory.settle())  # the exchange is written
+        again = await bound_device(gw, "remembers", device_id="02:00:00:00:a1:01")
+        await again.ask("我叫什么？")
+        await again.close()
+        assert any("我叫小明" in str(m["content"]) for m in llm.requests[-1]["messages"][:-1])
+
+        sleeper = await bound_device(gw, "forgets", device_id="02:00:00:00:a1:02")
+        await sleeper.ask("你好")  # the agent (and its idle timeouts) is read at hello and at each turn
+        await asyncio.wait_for(sleeper.closed.wait(), 10)  # the default agent would wait 120 s
+        await sleeper.close()
+        other = await bound_device(gw, "forgets", device_id="02:00:00:00:a1:03")
+        await other.ask("我叫小红")
+        await other.close()
+        await gw.call(gw.services.memory.settle())
+        third = await bound_device(gw, "forgets", device_id="02:00:00:00:a1:03")
+        await third.ask("我叫什么？")
+        await third.close()
+        assert not any("我叫小红" in str(m["content"]) for m in llm.requests[-1]["messages"][:-1])
