@@ -6,6 +6,8 @@ instruct text; LLM keys are never shown back in full; bad input is a clear 4xx."
 from __future__ import annotations
 
 import asyncio
+import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,6 +18,7 @@ from tests.scripted_llm import ScriptedLLM, answer, scripted_llm
 from tts_engine.backends.fake import FakeBackend, FakeStream
 
 SECRET = "sk-test-0123456789abcdefWXYZ"
+DEMO_SERVER = Path(__file__).parent / "mcp_servers" / "demo_server.py"
 
 
 class InstructBackend(FakeBackend):
@@ -237,3 +240,23 @@ async def test_an_agents_memory_and_idle_timeouts_apply_to_its_devices() -> None
         await third.ask("我叫什么？")
         await third.close()
         assert not any("我叫小红" in str(m["content"]) for m in llm.requests[-1]["messages"][:-1])
+
+
+async def test_each_agent_is_offered_only_the_server_mcp_tools_it_may_call() -> None:
+    async with scripted_llm() as llm:
+        cfg = {**config(llm), "tools": {"mcp_servers": {"demo": {"command": sys.executable,
+                                                                 "args": [str(DEMO_SERVER)]}}}}  # fmt: skip
+        async with running_gateway(cfg, backend=InstructBackend()) as gw:
+            model = {"provider": "openai", "base_url": llm.base_url}
+            await new_agent(gw, name="weather", llm={**model, "model": "weather-model"},
+                            tools={"mcp_servers": ["demo"], "builtins": [], "device": False})  # fmt: skip
+            await new_agent(gw, name="plain", llm={**model, "model": "plain-model"},
+                            tools={"mcp_servers": [], "builtins": ["get_time"], "device": False})  # fmt: skip
+            weather = await bound_device(gw, "weather")
+            plain = await bound_device(gw, "plain")
+            await asyncio.gather(weather.ask("天气"), plain.ask("几点"))
+            await weather.close()
+            await plain.close()
+    assert "lookup_weather" in tool_names(request_of(llm, "weather-model"))
+    assert "get_time" not in tool_names(request_of(llm, "weather-model"))
+    assert tool_names(request_of(llm, "plain-model")) == {"get_time"}
