@@ -260,3 +260,23 @@ async def test_each_agent_is_offered_only_the_server_mcp_tools_it_may_call() -> 
     assert "lookup_weather" in tool_names(request_of(llm, "weather-model"))
     assert "get_time" not in tool_names(request_of(llm, "weather-model"))
     assert tool_names(request_of(llm, "plain-model")) == {"get_time"}
+
+
+async def test_the_wake_word_gets_the_agents_greeting_in_its_voice() -> None:
+    backend = InstructBackend()
+    async with scripted_llm() as llm:
+        cfg = {**config(llm), "session": {"enable_greeting": True}}
+        async with running_gateway(cfg, backend=backend) as gw:
+            await new_agent(gw, name="bunny", greeting="嗨，我是小兔子！", voice="cartoon",
+                            llm={"provider": "echo"})  # fmt: skip
+            sim = await bound_device(gw, "bunny")
+            turn = await sim.ask("你好小智")
+            await sim.close()
+            plain = DeviceSimulator(gw.url)  # no agent: the config's greeting, as before
+            await plain.connect()
+            await plain.listen_start("auto")
+            default_turn = await plain.ask("你好小智")
+            await plain.close()
+    assert turn.sentences == ["嗨，我是小兔子！"] and backend.heard("嗨，我是小兔子！")[0] == "cartoon"
+    assert default_turn.sentences == [gw.services.config.session.greeting]
+    assert not llm.requests
