@@ -40,6 +40,42 @@ def cli(store_url: str, *args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120)  # fmt: skip
 
 
+class ActivatingSdk:
+    """A xiaozhi-sdk client that starts unactivated: it records what it is told and says."""
+
+    def __init__(self, gateway_url: str, mac: str = DEVICE_MAC) -> None:
+        self.mac = mac
+        self.messages: list[dict[str, Any]] = []
+        self.client = XiaoZhiWebsocket(self._on_message, ota_url=f"{gateway_url}/xiaozhi/ota/",
+                                       audio_sample_rate=16000)  # fmt: skip
+
+    async def _on_message(self, message: dict[str, Any]) -> None:
+        self.messages.append(message)
+
+    def spoken(self) -> str:
+        return spoken(self.messages)
+
+    async def code(self) -> str:
+        """Starts it (OTA with `activation`, the socket, "hi") and returns the code it is told to say."""
+        assert await self.client.init_connection(self.mac)
+        assert self.client.wait_device_activated and self.client.ota_task is not None  # it polls /activate
+        async with asyncio.timeout(15):
+            while not re.search(r"([0-9] ){5}[0-9]", self.spoken()):
+                await asyncio.sleep(0.05)
+        code = "".join(re.findall(r"[0-9]", self.spoken()))
+        assert len(code) == 6
+        return code
+
+    async def activated(self, answer_part: str) -> None:
+        """Waits for its own polling to see 200, its reconnect, and an answer holding `answer_part`."""
+        assert self.client.ota_task is not None
+        async with asyncio.timeout(40):  # the SDK polls every 3 s, then reconnects and says "hi"
+            await self.client.ota_task
+            while answer_part not in self.spoken():
+                await asyncio.sleep(0.05)
+        assert not self.client.wait_device_activated
+
+
 async def test_the_sdk_activates_by_a_code_bound_with_the_cli_and_talks_with_its_agent() -> None:
     backend = InstructBackend()
     async with scripted_llm() as llm:
@@ -51,20 +87,10 @@ async def test_the_sdk_activates_by_a_code_bound_with_the_cli_and_talks_with_its
                     "name": "kid", "role_prompt": "你是小兔子。", "voice": "cartoon",
                     "llm": {"provider": "openai", "base_url": llm.base_url, "model": "kid-model"}})  # fmt: skip
             assert made.status_code == 201, made.text
-            messages: list[dict[str, Any]] = []
-
-            async def on_message(message: dict[str, Any]) -> None:
-                messages.append(message)
-
-            sdk = XiaoZhiWebsocket(on_message, ota_url=f"{gw.url}/xiaozhi/ota/", audio_sample_rate=16000)
+            sdk = ActivatingSdk(gw.url)
             try:
-                assert await sdk.init_connection(DEVICE_MAC)  # OTA (with `activation`), socket, "hi"
-                assert sdk.wait_device_activated and sdk.ota_task is not None  # it polls /activate
-                async with asyncio.timeout(15):
-                    while not re.search(r"([0-9] ){5}[0-9]", spoken(messages)):
-                        await asyncio.sleep(0.05)
-                code = "".join(re.findall(r"[0-9]", spoken(messages)))
-                assert len(code) == 6 and not llm.requests  # the code, spoken; no LLM asked
+                code = await sdk.code()  # OTA (with `activation`), the socket, "hi": the code, spoken
+                assert not llm.requests  # no LLM asked
 
                 store_url = gw.services.config.store.url
                 wrong = await asyncio.to_thread(cli, store_url, "devices", "bind", "000000"
@@ -75,14 +101,10 @@ async def test_the_sdk_activates_by_a_code_bound_with_the_cli_and_talks_with_its
                 assert DEVICE_MAC in bound.stdout and "kid" in bound.stdout
 
                 llm.scripts[:] = [answer("你好呀，我是小兔子。")]
-                async with asyncio.timeout(40):  # the SDK polls every 3 s, then reconnects and says "hi"
-                    await sdk.ota_task
-                    while "我是小兔子" not in spoken(messages):
-                        await asyncio.sleep(0.05)
+                await sdk.activated("我是小兔子")
             finally:
-                await sdk.close()
+                await sdk.client.close()
 
-            assert not sdk.wait_device_activated
             request = llm.requests[-1]
             assert request["model"] == "kid-model"
             assert request["messages"][0] == {"role": "system", "content": "你是小兔子。"}

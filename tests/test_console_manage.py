@@ -5,7 +5,9 @@ A simulated device (scripts/device_sim.py, the firmware's OTA body and socket) g
 spoken to; the test types the code it heard into the Activation panel with an agent created in the
 Agents panel, the device completes its activation as the firmware does (`POST /xiaozhi/ota/activate`),
 talks with the agent's voice, then the agent's voice is changed in the page and the device's next turn
-(same connection) uses it. The fake backend records each sentence's voice.
+(same connection) uses it. Then xiaozhi-sdk (a third-party client, tests/test_activation_sdk.py) is bound
+through the page by the code it was told, activates by its own polling, and talks with the agent. The
+fake backend records each sentence's voice.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 from scripts.device_sim import DeviceSimulator
 from tests.console_browser import chromium_page, require_browser, screenshot
 from tests.gateway_server import running_gateway
+from tests.test_activation_sdk import ActivatingSdk
 from tests.test_agents import InstructBackend
 
 ADMIN = "admin-key-console-1"
@@ -112,6 +115,19 @@ async def test_bind_a_device_by_its_spoken_code_and_change_its_agents_voice_in_t
         tried = await page.evaluate("window.xzManage.tried")
         assert tried["voice"] == "calm" and tried["bytes"] > 0
         assert ("试试这个声音", "calm") in {(t, v) for t, v, _, _ in backend.spoken}
+
+        # xiaozhi-sdk, a third-party client, bound through the page by the code it was told to say
+        sdk = ActivatingSdk(gw.url, "02:00:00:00:5d:28")
+        try:
+            sdk_code = await sdk.code()
+            await page.fill("#activation-code", sdk_code)
+            await page.select_option("#activation-agent", "kid")
+            await page.click("#activation-bind")
+            await wait_text(page, "#activation-result", "bound 02:00:00:00:5d:28 to agent kid")
+            await sdk.activated("hi")  # its "hi" after the reconnect, echoed by the agent's LLM
+        finally:
+            await sdk.client.close()
+        assert ("hi", "calm") in {(t, v) for t, v, _, _ in backend.spoken}
 
         await screenshot(page, "console-manage.png")
         await page.click(f"{row} .device-kick")  # kick: the session closes
