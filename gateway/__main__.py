@@ -1,5 +1,7 @@
 """`python -m gateway serve [--config FILE] [--host H] [--port P]`; `python -m gateway check [--config FILE]
-[--no-synth] [--json] [--verbose]` (what works with the configured models, docs/check.md)."""
+[--no-synth] [--json] [--verbose]` (what works with the configured models, docs/check.md);
+`python -m gateway devices bind CODE [--agent NAME]` and the other `devices` / `agents` commands
+(gateway/devices/cli.py, docs/devices-and-agents.md)."""
 
 from __future__ import annotations
 
@@ -63,11 +65,16 @@ def main(argv: list[str] | None = None) -> int:
     from gateway.checks import report as check_report
 
     check_report.add_arguments(check)
+    from gateway.devices import cli as devices_cli
+
+    devices_cli.add_arguments(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
     if args.command == "check":
         return check_report.run(args)
+    if args.command in ("devices", "agents"):
+        return devices_cli.run(args)
     return 2
 
 

@@ -60,7 +60,9 @@ def create_app(config: Config, *, services: Services | None = None) -> FastAPI:
     app = FastAPI(title="Xiaozhi gateway", version="0.1.0", lifespan=lifespan)
     # API keys before any body is read, and every body capped while it streams (401 / 413).
     docs_paths = (app.docs_url, app.redoc_url, app.openapi_url, app.swagger_ui_oauth2_redirect_url)
-    app.add_middleware(HttpGuard, api=config.api, docs_paths=docs_paths)
+    app.add_middleware(
+        HttpGuard, api=config.api, docs_paths=docs_paths, vision_max_bytes=config.vision.max_image_bytes
+    )
     install_log_redaction()  # no credentials from query strings in uvicorn's logs
     app.state.device_auth = DeviceAuth.from_config(config.server.auth)  # OTA tokens, socket admission
     app.state.mqtt = None  # the MQTT listener and UDP endpoint while transport.mqtt is on (lifespan)

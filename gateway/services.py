@@ -1,11 +1,17 @@
-"""What every session shares: config, the TTS engine, the LLM, ASR, metrics, the store."""
+"""What every session shares: config, the TTS engine, the LLM, ASR, metrics, the store, the device
+registry and activation, the agents and their LLM clients, vision."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gateway.agents.active import Agents
+from gateway.agents.llm_pool import LLMPool
+from gateway.agents.store import AGENTS_SCHEMA
+from gateway.agents.vision import VisionService
 from gateway.asr import ASR, create_asr
 from gateway.checks.model import (
     CheckResult,
@@ -16,6 +22,9 @@ from gateway.checks.model import (
 )
 from gateway.config import Config, ConfigError, LLMConfig
 from gateway.device.registry import LiveSession, SessionRegistry
+from gateway.devices.activation import Activation, ActivationKeys
+from gateway.devices.registry import DeviceRegistry
+from gateway.devices.tables import DEVICES_SCHEMA
 from gateway.llm.base import ChatLLM
 from gateway.llm.echo import EchoLLM
 from gateway.llm.memory import ConversationMemory
@@ -39,7 +48,7 @@ log = logging.getLogger(__name__)
 # The tables in the store (gateway/store, docs/store.md): one Schema per feature module that keeps data,
 # declared in that module and listed here once; migrated at start-up in this order (a schema whose tables
 # reference another's comes after it).
-STORE_SCHEMAS: tuple[Schema, ...] = (MEMORY_SCHEMA,)
+STORE_SCHEMAS: tuple[Schema, ...] = (MEMORY_SCHEMA, AGENTS_SCHEMA, DEVICES_SCHEMA)
 
 
 def engine_sections(config: Config) -> dict[str, Any]:
@@ -94,7 +103,12 @@ class Services:
     # the gateway's persistent data (store.url: SQLite by default, PostgreSQL to share it between gateways);
     # opened in start(), closed last
     store: Store | None = None
-    memory: ConversationMemory | None = None  # per-device conversation memory, in the store (session.memory)
+    memory: ConversationMemory | None = None  # per-device conversation memory, in the store (agents' memory)
+    devices: DeviceRegistry | None = None  # every device that called OTA or connected (gateway/devices)
+    activation: Activation | None = None  # activation by code (ota.activation: code)
+    agents: Agents | None = None  # the agents, and which one each device talks with (gateway/agents)
+    llms: LLMPool | None = None  # the agents' LLM clients
+    vision: VisionService | None = None  # the camera's explain endpoint (gateway/api/vision.py)
     # process-wide tool sources (server-side MCP servers, gateway/tools/mcp_servers.py), offered in
     # every query turn after the device's tools; read at each turn, so sources added later count
     tool_sources: list[ToolSource] = field(default_factory=list)
@@ -103,6 +117,7 @@ class Services:
     phrases: Phrases | None = None
     # what every device turn reads of the config (the downlink's output rate, the voice, Opus, pacing)
     turns: TurnConfig = field(default_factory=TurnConfig)
+    _closing: set[asyncio.Task[None]] = field(default_factory=set)
 
     @classmethod
     def build(
@@ -146,8 +161,15 @@ class Services:
             services.store = Store.from_config(config.store, STORE_SCHEMAS)
         except StoreError as exc:
             raise ConfigError(str(exc)) from None
-        if config.session.memory == "local":
-            services.memory = ConversationMemory.open(config.session, services.llm, services.store)
+        # memory is on per agent (the default agent's from session.memory), so it is always at hand
+        services.memory = ConversationMemory.open(config.session, services.llm, services.store)
+        services.devices = DeviceRegistry(services.store, config.devices)
+        services.activation = Activation(
+            config.devices, services.devices, ActivationKeys.load(config.devices.activation_keys_file)
+        )
+        services.agents = Agents(config, services.store, services.devices)
+        services.llms = LLMPool(services.llm, config.llm, max_clients=config.agents.llm_clients)
+        services.vision = VisionService(config)
         if checks:
             services.checks = checks + asr_status_checks(services.asr)
             log_checks(services.checks)
@@ -176,8 +198,21 @@ class Services:
             raise ConfigError(str(exc)) from None
         else:
             log.info("store: %s", self.store.safe_url)
-        if self.memory is not None:
+        if self.memory is not None and self.config.session.memory == "local":
             await self.memory.start()  # imports the memory file of earlier gateways, once
+        if self.devices is not None:
+            self.devices.on_kick = self.kick
+            self.devices.start()  # the heartbeat of this gateway's devices
+
+    def kick(self, device_id: str) -> bool:
+        """Closes the device's session on this gateway, if it has one here (from its own task)."""
+        session = self.sessions.get(device_id)
+        if session is None:
+            return False
+        task = asyncio.get_running_loop().create_task(session.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+        return True
 
     async def start_mcp_servers(self) -> None:
         """The configured server-side MCP servers, as tool sources of every session (bounded wait)."""
@@ -217,6 +252,12 @@ class Services:
             await self.mcp_servers.aclose()  # stops their processes (bounded)
         if self.memory is not None:
             await self.memory.aclose()  # pending writes land first (bounded)
+        if self.devices is not None:
+            await self.devices.aclose()  # its heartbeat stops, pending writes land (bounded)
+        if self.agents is not None:
+            await self.agents.aclose()
+        if self.llms is not None:
+            await self.llms.aclose()  # the agents' own LLM clients
         if self.store is not None:
             await self.store.close()  # after everything that writes to it (bounded)
         aclose = getattr(self.llm, "aclose", None)
@@ -267,7 +308,9 @@ def health_status(services: Services, engine: dict[str, Any]) -> tuple[str, list
     not_ready = [w for w in engine.get("workers") or [] if w.get("state") != "ready"]
     for worker in not_ready:
         why = worker.get("stalled") or worker.get("last_error")
-        reasons.append(f"engine worker {worker.get('address')} is {worker.get('state')}" + (f": {why}" if why else ""))
+        reasons.append(
+            f"engine worker {worker.get('address')} is {worker.get('state')}" + (f": {why}" if why else "")
+        )
     store = services.store.status() if services.store is not None else None
     if store is not None and store["state"] == "unavailable":
         reasons.append(f"the store ({store['url']}) is unavailable: {store['error']}")

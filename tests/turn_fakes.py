@@ -98,6 +98,8 @@ class FakeEngine:
         self._hang = hang
         self.texts: list[str] = []
         self.voices_used: list[str | None] = []
+        self.speeds: list[float] = []
+        self.instructs: list[str | None] = []
         self.voices = ["default", "other"]
         self.default_voice = "default"
 
@@ -105,9 +107,12 @@ class FakeEngine:
         return voice or self.default_voice
 
     def synthesize(self, text: str, *, voice: str | None = None, output_rate: int | None = None,
-                   playback_ahead: float = 0.0, priority: str = "interactive") -> FakeStream:  # fmt: skip
+                   playback_ahead: float = 0.0, priority: str = "interactive", speed: float = 1.0,
+                   instruct: str | None = None) -> FakeStream:  # fmt: skip
         self.texts.append(text)
         self.voices_used.append(voice)
+        self.speeds.append(speed)
+        self.instructs.append(instruct)
         return FakeStream(
             2, RATE * 120 // 1000, fail=text in self._fail, hang_after=1 if text in self._hang else None
         )

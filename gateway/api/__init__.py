@@ -7,7 +7,7 @@ JSON error shape.
 
 from fastapi import FastAPI
 
-from gateway.api import health, memory, speech, status, voices, ws_tts
+from gateway.api import agents, devices, health, memory, speech, status, vision, voices, ws_tts
 
 
 def include_api(app: FastAPI) -> None:
@@ -18,6 +18,9 @@ def include_api(app: FastAPI) -> None:
     app.include_router(voices.router)
     app.include_router(memory.router)
     app.include_router(ws_tts.router)
+    app.include_router(devices.router)
+    app.include_router(agents.router)
+    app.include_router(vision.router)
 
 
 __all__ = ["include_api"]

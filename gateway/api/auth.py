@@ -59,3 +59,12 @@ async def require_api_key(request: Request) -> None:
 
 def websocket_authorized(websocket: WebSocket) -> bool:
     return is_authorized(websocket)
+
+
+async def require_admin(request: Request) -> None:
+    """Route dependency of the management API (devices, agents, activation): an admin key. Every
+    ``api.api_keys`` entry is an admin key for now (the same keys as the rest of the API); with no keys
+    configured the management API is open, as the rest of the API is (the start-up log warns)."""
+    error = key_error(request, request.app.state.services.config.api.api_keys)
+    if error is not None:
+        raise error

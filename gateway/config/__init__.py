@@ -6,20 +6,23 @@ sections live in `server` (device socket, OTA, audio, sessions), `llm` (LLM, too
 `store` (where the gateway keeps its data) and `transport` (MQTT + UDP).
 """
 
+from gateway.config.agents import AgentsConfig
 from gateway.config.api import OPENAI_VOICE_NAMES, ApiConfig
 from gateway.config.asr import ASRConfig, VADConfig
 from gateway.config.base import ConfigError
+from gateway.config.devices import DevicesConfig
 from gateway.config.engine import EngineConfig, GPUConfig, GpuSimConfig, TTSConfig
 from gateway.config.llm import BUILTIN_TOOL_NAMES, LLMConfig, MCPServerConfig, SegmenterConfig, ToolsConfig
 from gateway.config.loader import DEFAULT_CONFIG_PATH, ENV_PREFIX, Config, load_config
 from gateway.config.server import AudioConfig, AuthConfig, OtaConfig, ServerConfig, SessionConfig
 from gateway.config.store import StoreConfig
 from gateway.config.transport import MqttConfig, TransportConfig, UdpConfig
+from gateway.config.vision import VisionConfig
 
 __all__ = [
     "BUILTIN_TOOL_NAMES", "DEFAULT_CONFIG_PATH", "ENV_PREFIX", "OPENAI_VOICE_NAMES", "ASRConfig", "ApiConfig",
     "AudioConfig", "AuthConfig", "Config", "ConfigError", "EngineConfig", "GPUConfig", "GpuSimConfig",
     "LLMConfig", "MCPServerConfig", "OtaConfig", "SegmenterConfig", "ServerConfig", "SessionConfig",
     "StoreConfig", "TTSConfig", "ToolsConfig", "VADConfig", "load_config", "MqttConfig", "TransportConfig",
-    "UdpConfig",
+    "UdpConfig", "AgentsConfig", "DevicesConfig", "VisionConfig",
 ]  # fmt: skip

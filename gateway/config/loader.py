@@ -21,14 +21,17 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from gateway.config.agents import AgentsConfig
 from gateway.config.api import ApiConfig
 from gateway.config.asr import ASRConfig
 from gateway.config.base import ConfigError, Section, is_text, is_text_list
+from gateway.config.devices import DevicesConfig
 from gateway.config.engine import EngineConfig, GPUConfig, TTSConfig
 from gateway.config.llm import LLMConfig, SegmenterConfig, ToolsConfig
 from gateway.config.server import AudioConfig, OtaConfig, ServerConfig, SessionConfig
 from gateway.config.store import StoreConfig
 from gateway.config.transport import TransportConfig
+from gateway.config.vision import VisionConfig
 from tts_engine.settings import Settings
 
 DEFAULT_CONFIG_PATH = Path(__file__).resolve().parents[2] / "config.yaml"
@@ -50,6 +53,9 @@ class Config(Section):
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     transport: TransportConfig = Field(default_factory=TransportConfig)  # MQTT + UDP (docs/mqtt-udp.md)
+    devices: DevicesConfig = Field(default_factory=DevicesConfig)
+    agents: AgentsConfig = Field(default_factory=AgentsConfig)
+    vision: VisionConfig = Field(default_factory=VisionConfig)
 
     @field_validator("session")
     @classmethod

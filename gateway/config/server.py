@@ -49,6 +49,12 @@ class ServerConfig(Section):
 class OtaConfig(Section):
     timezone_offset_minutes: int = Field(480, ge=-720, le=840)
     websocket_version: Literal[1, 2, 3] = 1
+    activation: Literal["off", "code"] = "off"  # code: unknown devices activate by a code (`devices` section)
+
+    @field_validator("activation", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: object) -> object:
+        return "off" if v is False else v  # YAML 1.1 reads a bare `off` as false
 
 
 class AudioConfig(Section):

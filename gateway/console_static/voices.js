@@ -11,7 +11,8 @@ export async function listVoices() {
 }
 
 // Speaks `text`; onProgress({firstAudioMs, bytes}) after each chunk. Resolves when the stream ends.
-export async function speak(player, text, voice, onProgress) {
+// `options`: more of the request's fields (speed, instruct: an agent's).
+export async function speak(player, text, voice, onProgress, options = {}) {
   player.ensure();
   player.stop();
   const t0 = performance.now();
@@ -19,7 +20,7 @@ export async function speak(player, text, voice, onProgress) {
     method: "POST",
     headers: { "Content-Type": "application/json" },
     body: JSON.stringify({ model: "tts-1", input: text, voice: voice || undefined, response_format: "pcm",
-                           sample_rate: SPEECH_RATE }),
+                           sample_rate: SPEECH_RATE, ...options }),
   });
   const rate = Number(response.headers.get("X-Sample-Rate")) || SPEECH_RATE;
   const reader = response.body.getReader();

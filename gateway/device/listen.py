@@ -85,8 +85,8 @@ class ListenHandling:
         bare = _bare(text)
         spoken = self.turns.spoken
         if bare and bare in {_bare(w) for w in cfg.wake_words}:
-            if cfg.enable_greeting:
-                await self._start_turn(functools.partial(spoken, None, [cfg.greeting], kind="greeting"))
+            if cfg.enable_greeting:  # the device's agent's greeting
+                await self._start_turn(self.turns.greeting)
             else:
                 await self._start_turn(functools.partial(spoken, text, [], kind="greeting"))
             return

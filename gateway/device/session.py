@@ -5,6 +5,11 @@ query or the end of the connection cancel it, and its `finally` sends the one
 `tts stop` that matches its `tts start`. Only `_send` touches the transport (gateway/transport/: the
 WebSocket, or MQTT with UDP audio; the session is the same on both).
 
+The device's agent (gateway/agents) is read at hello and at every turn (`Turns.current_agent`): its
+role, voice, LLM and tools apply from the next turn; the session applies its idle timeouts and restores
+the device's memory when the agent has memory on. The device registry (gateway/devices) hears when the
+session begins and ends, and each turn's first-audio latency.
+
 Its parts: the turns (gateway/speech/turns.py, one `Turn` per reply, gateway/speech/turn.py),
 listening (gateway/device/listen.py), tools (gateway/device/session_tools.py), the idle
 deadlines (gateway/device/idle.py). The registry of live sessions belongs to the
@@ -24,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from gateway.aec import EchoCanceller, EchoReference
+from gateway.agents.active import ActiveAgent
 from gateway.device.idle import IdleClock
 from gateway.device.listen import ListenHandling, TaskFactory
 from gateway.device.listener import Listener
@@ -67,7 +73,8 @@ class SessionClosed(Exception):
 class Session(ListenHandling):
     """``socket`` is the device's transport (gateway/transport/base.py); ``datagrams`` is given when its
     audio travels as UDP datagrams (MQTT devices): the hello then says `transport: "udp"` with the
-    `udp` object, and audio goes to it instead of binary messages."""
+    `udp` object, and audio goes to it instead of binary messages. ``origin``: ``http(s)://host[:port]``
+    as the device reached us (our vision URL is made from it; None over MQTT)."""
 
     def __init__(
         self,
@@ -76,12 +83,14 @@ class Session(ListenHandling):
         services: Services,
         *,
         datagrams: DatagramAudio | None = None,
+        origin: str | None = None,
     ) -> None:
         cfg = services.config
         self.socket = socket
         self.datagrams = datagrams
         self.info = info
         self.services = services
+        self.origin = origin
         self.session_id = str(uuid.uuid4())
         self.conn = XiaozhiConnection(
             Role.SERVER,
@@ -93,7 +102,9 @@ class Session(ListenHandling):
         )
         self.listener = Listener(cfg.asr.vad, max_utterance_s=cfg.audio.max_utterance_s)
         self.conversation = Conversation(cfg.llm.system_prompt, max_turns=cfg.llm.max_history_turns)
-        self.voice = VoiceChoice(services.turns.voice)  # the session's voice: the tools change it, turns read it
+        self.voice = VoiceChoice(
+            services.turns.voice
+        )  # the session's voice: the tools change it, turns read it
         self.tools = SessionTools(
             cfg,
             session_id=self.session_id,
@@ -101,6 +112,11 @@ class Session(ListenHandling):
             voice=self.voice,
             shared=services.tool_sources,
             device=lambda: self.mcp,
+        )
+        devices, agents = services.devices, services.agents
+        device_id = info.device_id
+        latency = (
+            (lambda s: devices.turn_latency(device_id, s)) if devices is not None and device_id else None
         )
         self.turns = Turns(
             engine=services.engine,
@@ -112,11 +128,18 @@ class Session(ListenHandling):
             tools=cfg.tools,
             tool_sources=self.tools.sources,
             remember=self._remember if services.memory is not None and info.device_id else None,
-            recorder=metrics_recorder(services.metrics),
+            recorder=metrics_recorder(services.metrics, latency=latency),
             on_turn=lambda kind: services.metrics.turns_total.labels(kind).inc(),
             phrases=services.phrases,
             voice=self.voice,
+            agent=self._read_agent if agents is not None else None,
+            llms=services.llms,
+            on_agent=self._on_agent,
+            expressive=cfg.agents.expressive_instructs,
+            greeting=cfg.session.greeting,
         )
+        self._memory_restored = False
+        self._agent_waits = True  # the hello's read of the agent waits for a store that is down
         self.mode = ListenMode.AUTO
         self.listening = False
         self.features: dict[str, Any] = {}
@@ -147,6 +170,9 @@ class Session(ListenHandling):
         metrics = self.services.metrics
         metrics.sessions_total.inc()
         metrics.sessions_active.inc()
+        devices, device_id = self.services.devices, self.info.device_id
+        if devices is not None and device_id:
+            devices.spawn(devices.connected(device_id, self.info.client_id), f"connect of {device_id}")
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
@@ -163,6 +189,8 @@ class Session(ListenHandling):
             metrics.sessions_active.dec()
             self._tg = None
             self._observe_echo()
+            if devices is not None and device_id:
+                devices.spawn(devices.disconnected(device_id), f"disconnect of {device_id}")
 
     def forget_history(self) -> None:
         """Drop the conversation so far (its memory store is the caller's)."""
@@ -288,17 +316,19 @@ class Session(ListenHandling):
 
     async def _on_hello(self, hello: Hello) -> None:
         self.features = dict(hello.features or {})
-        if not self._hello_done:
+        agent = await self.turns.current_agent()  # its idle timeouts; the device's memory if it has it
+        if agent is None and not self._hello_done:
             await self._restore_memory()
         self._setup_echo()
-        params = AudioParams(format="opus", sample_rate=self.turns.config.sample_rate, channels=1, frame_duration=60)
+        params = AudioParams(
+            format="opus", sample_rate=self.turns.config.sample_rate, channels=1, frame_duration=60
+        )
         start_mcp = not self._hello_done and bool(self.features.get("mcp")) and self._tg is not None
         if start_mcp:
             cfg = self.services.config.session
-            # The token is the device's credential for vision_url. We serve no vision endpoint, so
-            # it is empty: the device-socket token must never travel to a third-party URL.
-            vision = VisionCapability(url=cfg.vision_url, token="")
-            self.mcp = DeviceMcpClient(self._send_mcp, timeout_s=cfg.mcp_timeout_s, vision=vision)
+            self.mcp = DeviceMcpClient(
+                self._send_mcp, timeout_s=cfg.mcp_timeout_s, vision=self._vision(agent)
+            )
         if self.datagrams is None:
             reply = ServerHello(session_id=self.session_id, audio_params=params)
         else:
@@ -310,6 +340,34 @@ class Session(ListenHandling):
             # `initialize` only after our hello reply went out: clients set up MCP on that reply.
             self._tg.create_task(self._guard(self.mcp.start, "mcp"))
 
+    def _vision(self, agent: ActiveAgent | None) -> VisionCapability:
+        """Where the device's camera sends photos: session.vision_url (a third-party endpoint: no token,
+        the device's credentials never travel there), else ours when the agent has a vision model, with
+        a token for this device (gateway/api/vision.py), else none."""
+        url = self.services.config.session.vision_url
+        vision = self.services.vision
+        if url or vision is None or agent is None or agent.activation is not None:
+            return VisionCapability(url=url, token="")
+        if not vision.enabled_for(agent.profile) or not self.info.device_id:
+            return VisionCapability()
+        return vision.capability(self.info.device_id, self.origin)
+
+    async def _read_agent(self) -> ActiveAgent:
+        """The device's agent now; only the hello's read waits for a store known to be down."""
+        agents = self.services.agents
+        assert agents is not None
+        wait, self._agent_waits = self._agent_waits, False
+        return await agents.for_device(self.info.device_id, wait=wait)
+
+    async def _on_agent(self, agent: ActiveAgent) -> None:
+        """The session's part of the device's agent: idle timeouts, the device's memory."""
+        profile = agent.profile
+        self.idle.set_limits(profile.idle_no_voice_s, profile.idle_hard_s)
+        if agent.memory and not self._memory_restored:
+            self._memory_restored = True
+            if not self.conversation.turns:  # never over this session's own talk
+                await self._restore_memory()
+
     async def _restore_memory(self) -> None:
         """The device's remembered talk into the history (`session.memory: local`, a Device-Id)."""
         memory, device_id = self.services.memory, self.info.device_id
@@ -320,9 +378,12 @@ class Session(ListenHandling):
             self.conversation.restore(remembered.summary, remembered.turns)
             log.info("session %s: restored %d remembered exchanges", self.session_id, len(remembered.turns))
 
-    def _remember(self, user_text: str, assistant_text: str) -> None:
+    def _remember(self, user_text: str, assistant_text: str, agent: ActiveAgent | None) -> None:
         if self.services.memory is not None and self.info.device_id:
-            self.services.memory.remember(self.info.device_id, user_text, assistant_text)
+            limit = agent.profile.memory_summary_chars if agent is not None else None
+            self.services.memory.remember(
+                self.info.device_id, user_text, assistant_text, summary_max_chars=limit
+            )
 
     def _setup_echo(self) -> None:
         """Server-side AEC per `asr.aec`; `features.aec` is the device asking for it (protocol §3.1)."""

@@ -15,13 +15,14 @@ from dataclasses import replace
 from fastapi import APIRouter, WebSocket
 from fastapi.responses import PlainTextResponse
 
-from gateway.device.ota import DEVICE_WS_PATH
+from gateway.device.ota import DEVICE_WS_PATH, public_origin
 from gateway.device.session import Session
 from gateway.security.device_tokens import Admission, DeviceAuth
 from gateway.security.log_redaction import loggable
 from gateway.services import Services
+from gateway.store import StoreError
 from gateway.transport.websocket import StarletteDeviceSocket
-from gateway.xiaozhi import RemoteProtocolError, parse_handshake
+from gateway.xiaozhi import HandshakeInfo, RemoteProtocolError, parse_handshake
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ async def device_endpoint(ws: WebSocket) -> None:
         log.info("device handshake refused: %s", exc)
         await _reject(ws, 400, f"bad handshake: {exc}")
         return
-    admission = device_auth.check(info)
+    admission = device_auth.check(info, activated=await _activated(services, device_auth, info))
     if admission is Admission.REFUSED:
         log.info("device %s refused: bad or missing token", loggable(info.device_id or "?"))
         await _reject(ws, 401, "authentication failed")
@@ -57,7 +58,7 @@ async def device_endpoint(ws: WebSocket) -> None:
         log.warning("device %s refused: already connected with a token, this connection has none", key)
         await _reject(ws, 409, "this device is connected with a token; reconnect with a valid token")
         return
-    session = Session(StarletteDeviceSocket(ws), info, services)
+    session = Session(StarletteDeviceSocket(ws), info, services, origin=public_origin(services.config, ws))
     old = registry.claim(key, session)  # before the first await: no race with another upgrade
     try:
         if old is not None:
@@ -71,6 +72,21 @@ async def device_endpoint(ws: WebSocket) -> None:
         registry.release(key, session)
         await StarletteDeviceSocket(ws).close()
         log.info("device %s disconnected", key)
+
+
+async def _activated(services: Services, device_auth: DeviceAuth, info: HandshakeInfo) -> bool:
+    """Whether a device with a token activated by code (``ota.activation: code``; only asked when it
+    matters). A store that cannot say admits a device whose token is valid (signed for its Device-Id)."""
+    if device_auth.signer is None or not info.token or not info.device_id or services.devices is None:
+        return False
+    if services.config.ota.activation != "code":
+        return False
+    try:
+        state = await services.devices.state(info.device_id)
+    except StoreError as exc:
+        log.info("device %s: activation not checked (%s); its token decides", info.device_id, exc)
+        return True
+    return state is not None and state.activated
 
 
 router.add_api_websocket_route(DEVICE_WS_PATH, device_endpoint)

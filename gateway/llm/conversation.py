@@ -31,6 +31,13 @@ class Conversation:
     def system_prompt(self) -> str:
         return self._system_prompt
 
+    @system_prompt.setter
+    def system_prompt(self, prompt: str) -> None:
+        """Another system prompt from the next message list on (a device's agent changed)."""
+        if not isinstance(prompt, str):
+            raise TypeError(f"system_prompt must be str, not {type(prompt).__name__}")
+        self._system_prompt = prompt.strip()
+
     @property
     def turns(self) -> tuple[tuple[str, str], ...]:
         """Stored (user, assistant) exchanges, oldest first."""
@@ -42,7 +49,9 @@ class Conversation:
         messages: list[dict[str, str]] = []
         # one system message: some chat templates reject a second one
         system = "\n\n".join(
-            part for part in (self._system_prompt, self.summary and f"{SUMMARY_HEADER}\n{self.summary}") if part
+            part
+            for part in (self._system_prompt, self.summary and f"{SUMMARY_HEADER}\n{self.summary}")
+            if part
         )
         if system:
             messages.append({"role": "system", "content": system})

@@ -112,13 +112,17 @@ class ConversationMemory:
             return DeviceMemory()
         return DeviceMemory(memory.summary, memory.turns[-self.max_turns :], memory.last_id)
 
-    def remember(self, device_id: str, user_text: str, assistant_text: str) -> None:
-        """Saves an exchange in the background (never blocks, never raises)."""
+    def remember(
+        self, device_id: str, user_text: str, assistant_text: str, *, summary_max_chars: int | None = None
+    ) -> None:
+        """Saves an exchange in the background (never blocks, never raises). ``summary_max_chars``: the
+        length of the summary this exchange may lead to (the device's agent's; default the config's)."""
         if self._closed or not user_text.strip() or not assistant_text.strip():
             return
         previous = self._writes.get(device_id)
+        limit = summary_max_chars or self._summary_max_chars
         task = asyncio.create_task(
-            self._append(device_id, user_text.strip(), assistant_text.strip(), previous)
+            self._append(device_id, user_text.strip(), assistant_text.strip(), previous, limit)
         )
         self._writes[device_id] = task
         self._track(task)
@@ -161,7 +165,12 @@ class ConversationMemory:
             await asyncio.wait([task])
 
     async def _append(
-        self, device_id: str, user_text: str, assistant_text: str, previous: asyncio.Task[None] | None
+        self,
+        device_id: str,
+        user_text: str,
+        assistant_text: str,
+        previous: asyncio.Task[None] | None,
+        summary_max_chars: int,
     ) -> None:
         if previous is not None:
             await asyncio.wait([previous])
@@ -171,14 +180,14 @@ class ConversationMemory:
             log.warning("memory of %s not saved: %s", device_id, exc)
             return
         if count >= self.max_turns and device_id not in self._folds and not self._closed:
-            fold = asyncio.create_task(self._fold(device_id))
+            fold = asyncio.create_task(self._fold(device_id, summary_max_chars))
             self._folds[device_id] = fold
             self._track(fold)
             fold.add_done_callback(
                 lambda t: self._folds.pop(device_id) if self._folds.get(device_id) is t else None
             )
 
-    async def _fold(self, device_id: str) -> None:
+    async def _fold(self, device_id: str, summary_max_chars: int) -> None:
         """Folds all but the newest ``keep_turns`` exchanges into the summary (or drops them).
 
         Goes on while exchanges saved during a fold keep the device at the limit.
@@ -186,7 +195,7 @@ class ConversationMemory:
         try:
             while (count := await self._store.count(device_id)) >= self.max_turns:
                 old, up_to = await self._store.oldest(device_id, count - self.keep_turns)
-                summary = await self._summarise(old)
+                summary = await self._summarise(old, summary_max_chars)
                 if summary is None:
                     log.warning(
                         "memory of %s: no summary; %d old exchanges dropped", device_id, len(old.turns)
@@ -196,7 +205,7 @@ class ConversationMemory:
         except StoreError as exc:
             log.warning("memory of %s not summarised: %s", device_id, exc)
 
-    async def _summarise(self, memory: DeviceMemory) -> str | None:
+    async def _summarise(self, memory: DeviceMemory, max_chars: int | None = None) -> str | None:
         """The model's summary of ``memory`` (bounded length), or None when it fails or is too slow."""
         lines = [f"Earlier summary: {memory.summary[:MAX_LINE_CHARS]}"] if memory.summary else []
         for user, assistant in memory.turns:
@@ -206,6 +215,7 @@ class ConversationMemory:
             {"role": "user", "content": "\n".join(lines)},
         ]
         parts: list[str] = []
+        max_chars = max_chars or self._summary_max_chars
         try:
             async with asyncio.timeout(self._summary_timeout_s):
                 stream = self._llm.stream_chat(messages)
@@ -214,7 +224,7 @@ class ConversationMemory:
                     async for delta in stream:
                         parts.append(delta)
                         size += len(delta)
-                        if size >= self._summary_max_chars:
+                        if size >= max_chars:
                             break
                 finally:
                     await _close_stream(stream)
@@ -223,7 +233,7 @@ class ConversationMemory:
         except Exception as exc:  # LLMError, a timeout, or any failure of a model client
             log.warning("memory summary failed: %s", exc or type(exc).__name__)
             return None
-        summary = "".join(parts).strip()[: self._summary_max_chars]
+        summary = "".join(parts).strip()[:max_chars]
         return summary or None
 
 

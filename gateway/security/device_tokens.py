@@ -5,7 +5,8 @@ The model (docs/device-auth.md):
 - ``server.auth.tokens`` are operator secrets. They open the socket for any Device-Id and are
   never sent to anyone by the server.
 - OTA hands a *device token* only to a device that is admitted: its Device-Id is in
-  ``server.auth.allowed_devices``, or ``server.auth.ota_open`` is on. A device token is an
+  ``server.auth.allowed_devices``, or ``server.auth.ota_open`` is on, or it activated by code
+  (``ota.activation: code``, gateway/devices/activation.py). A device token is an
   HMAC-SHA256 signature over the Device-Id (and the Client-Id when the OTA request had one) and an
   expiry, so it opens the socket only for that Device-Id, only until it expires, and only while the
   device is still admitted.
@@ -148,24 +149,26 @@ class DeviceAuth:
             )
         return cls(auth, DeviceTokenSigner(secret, auth.device_token_ttl_s))
 
-    def admitted(self, device_id: str | None) -> bool:
-        """May this Device-Id get (and use) a device token?"""
-        return bool(device_id) and (self.auth.ota_open or device_id in self.auth.allowed_devices)
+    def admitted(self, device_id: str | None, *, activated: bool = False) -> bool:
+        """May this Device-Id get (and use) a device token? ``activated``: it activated by code
+        (``ota.activation: code``, the device registry says so)."""
+        return bool(device_id) and (activated or self.auth.ota_open or device_id in self.auth.allowed_devices)
 
-    def token_for(self, device_id: str | None, client_id: str | None) -> str:
+    def token_for(self, device_id: str | None, client_id: str | None, *, activated: bool = False) -> str:
         """The token OTA sends: "" with auth off or for a device that is not admitted."""
-        if self.signer is None or not device_id or not self.admitted(device_id):
+        if self.signer is None or not device_id or not self.admitted(device_id, activated=activated):
             return ""
         return self.signer.issue(device_id, client_id)
 
-    def check(self, info: HandshakeInfo) -> Admission:
+    def check(self, info: HandshakeInfo, *, activated: bool = False) -> Admission:
         if self.signer is None:
             return Admission.IDENTIFIED
         token = info.token
         if token:
             if _matches_any(token, self.auth.tokens):
                 return Admission.AUTHENTICATED
-            if self.admitted(info.device_id) and self.signer.verify(token, info.device_id, info.client_id):
+            admitted = self.admitted(info.device_id, activated=activated)
+            if admitted and self.signer.verify(token, info.device_id, info.client_id):
                 return Admission.AUTHENTICATED
         if info.device_id and info.device_id in self.auth.allowed_devices:
             return Admission.IDENTIFIED

@@ -20,6 +20,8 @@ Families and their caps:
 
 - OTA and device paths (``/xiaozhi/...``): ``api.max_ota_body_bytes``; never an API key (devices
   have their own token, ``server.auth``).
+- The camera's photo (``/mcp/vision/explain``): ``vision.max_image_bytes`` plus 64 KiB; never an API key
+  (the route checks the device's vision token before it reads the body, gateway/api/vision.py).
 - Uploads (``/v1/voices`` and ``/v1/audio/voices``, ``/tts/zero_shot``): the text cap plus ``api.max_prompt_bytes``.
 - Every other path: ``api.max_text_chars`` JSON-escaped (12 bytes a character) plus 64 KiB.
 
@@ -45,6 +47,7 @@ from gateway.api.errors import ApiError
 from gateway.config import ApiConfig
 
 DEVICE_PREFIX = "/xiaozhi/"  # OTA (POST/GET /xiaozhi/ota/, /xiaozhi/ota/activate) and the socket's GET
+VISION_PATH = "/mcp/vision/explain"  # a device's photo, with its vision token (gateway/api/vision.py)
 UPLOAD_PATHS = frozenset({"/v1/voices", "/v1/audio/voices", "/tts/zero_shot"})
 HEALTH_PATH = "/v1/health"
 CONSOLE_PATH = "/console"  # the web console's page and, under it, its static assets (gateway/console.py)
@@ -70,7 +73,14 @@ class BodyTooLarge(HTTPException):
 class HttpGuard:
     """The middleware; ``docs_paths`` are the app's OpenAPI and docs URLs."""
 
-    def __init__(self, app: ASGIApp, *, api: ApiConfig, docs_paths: Iterable[str | None] = ()) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        api: ApiConfig,
+        docs_paths: Iterable[str | None] = (),
+        vision_max_bytes: int = 4 * 1024 * 1024,
+    ) -> None:
         self.app = app
         self.keys = tuple(api.api_keys)
         public = {HEALTH_PATH}
@@ -82,15 +92,18 @@ class HttpGuard:
         self.text_cap = text_body_cap(api)
         self.upload_cap = self.text_cap + api.max_prompt_bytes
         self.ota_cap = api.max_ota_body_bytes
+        self.vision_cap = vision_max_bytes + BODY_OVERHEAD
 
     def needs_key(self, path: str) -> bool:
-        if not self.keys or path in self.public or path.startswith(DEVICE_PREFIX):
+        if not self.keys or path in self.public or path.startswith(DEVICE_PREFIX) or path == VISION_PATH:
             return False
         return not (path == CONSOLE_PATH or path.startswith(CONSOLE_PATH + "/"))
 
     def body_cap(self, path: str) -> int:
         if path.startswith(DEVICE_PREFIX):
             return self.ota_cap
+        if path == VISION_PATH:
+            return self.vision_cap
         return self.upload_cap if path in UPLOAD_PATHS else self.text_cap
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from audio_codecs.opus import OpusEncoder
 from gateway.speech.pacer import Pacer
 from gateway.speech.phrases import Phrases
-from gateway.speech.voice_choice import VoiceChoice
+from gateway.speech.voice_choice import SpeakingVoice
 from gateway.xiaozhi import AudioOut, Event, TtsSentenceStart
 from tts_engine import SpeechEngine, SpeechStream
 from tts_engine.errors import EngineError
@@ -65,7 +65,7 @@ class Speaker:
         engine: SpeechEngine,
         encoder: OpusEncoder,
         send: Send,
-        voice: VoiceChoice,  # read at each sentence (change_voice)
+        voice: SpeakingVoice,  # read at each sentence (change_voice; an agent's speed and instruct)
         pacer: Pacer,
         on_frame: Callable[[], None] | None = None,
         on_sentence_error: Callable[[], None] | None = None,
@@ -127,12 +127,21 @@ class Speaker:
     ) -> None:
         async for text in sentences:
             voice = self._voice_now()
-            stream: SpeechStream | None = self._phrases.stream(text, voice) if self._phrases else None
+            stored = self._phrases is not None and self._voice.speed == 1.0 and not self._voice.instruct
+            stream: SpeechStream | None = (
+                self._phrases.stream(text, voice) if stored and self._phrases else None
+            )
             if stream is None:
                 try:
                     ahead = self._ahead_of(tuple(self._queued))
                     stream = self._engine.synthesize(
-                        text, voice=voice, output_rate=self._rate, playback_ahead=ahead, priority="device"
+                        text,
+                        voice=voice,
+                        output_rate=self._rate,
+                        playback_ahead=ahead,
+                        priority="device",
+                        speed=self._voice.speed,
+                        instruct=self._voice.instruct,
                     )
                     self._sent_ahead[stream] = (ahead, time.monotonic())
                 except (EngineError, ValueError) as exc:

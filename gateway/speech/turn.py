@@ -23,7 +23,7 @@ from gateway.speech.phrases import Phrases
 from gateway.speech.reply import Emotion, Reply, ReplyEvent, fixed_sentences
 from gateway.speech.segmenter import SentenceSegmenter
 from gateway.speech.speaker import Speaker, SpeakResult
-from gateway.speech.voice_choice import VoiceChoice
+from gateway.speech.voice_choice import TurnVoice, VoiceChoice
 from gateway.tools.runner import ToolLoopSettings
 from gateway.tools.toolset import ToolSet
 from gateway.xiaozhi import Event, LlmEmotion, Stt, TtsStart, TtsStop
@@ -105,18 +105,25 @@ class Turn:
         llm: ChatLLM,
         send: Send,
         config: TurnConfig,
-        voice: VoiceChoice | str | None = None,  # a session's VoiceChoice; a name or None: fixed
+        voice: TurnVoice | VoiceChoice | str | None = None,  # a session's voice; a name or None: fixed
         tools: Tools = None,
         emotion: bool = True,  # send the reply's emotion (`features.emoji: false` turns it off)
         recorder: TurnRecorder | None = None,
         started: float | None = None,  # when the user's query arrived (monotonic): first audio counts from it
         phrases: Phrases | None = None,  # the fixed phrases' stored audio (gateway/speech/phrases.py)
+        expressive: dict[str, str] | None = None,  # emotion -> instruct text for this reply (an agent's)
     ) -> None:
         self._engine = engine
         self._llm = llm
         self._send = send
         self._config = config
-        self._voice = voice if isinstance(voice, VoiceChoice) else VoiceChoice(voice or config.voice)
+        if isinstance(voice, TurnVoice):
+            self._voice = voice
+        else:
+            self._voice = TurnVoice(
+                voice if isinstance(voice, VoiceChoice) else VoiceChoice(voice or config.voice)
+            )
+        self._expressive = expressive
         self._tools = tools
         self._emotion = emotion
         self._recorder = recorder or TurnRecorder()
@@ -192,6 +199,8 @@ class Turn:
         async for event in events:
             if isinstance(event, Emotion):
                 await self._send(LlmEmotion(emotion=event.emotion, text=event.emoji))
+                if self._expressive and event.emotion in self._expressive:  # the voice matches the face
+                    self._voice.instruct = self._expressive[event.emotion]
             else:
                 yield event
 
