@@ -1,13 +1,13 @@
 """The HTTP/WebSocket TTS API: speech (files, streams, OpenAI, the incumbent's /tts), WS, voices, health.
 
 Every endpoint uses the one shared engine (``app.state.services.engine``); see ``speech``, ``ws_tts``,
-``voices`` and ``health`` for the routes, ``auth`` for the optional API keys and ``errors`` for the
+``voices``, ``health``, ``usage`` and ``batches`` for the routes, ``auth`` for the optional API keys and ``errors`` for the
 JSON error shape.
 """
 
 from fastapi import FastAPI
 
-from gateway.api import health, memory, speech, status, voices, ws_tts
+from gateway.api import batches, health, memory, speech, status, usage, voices, ws_tts
 
 
 def include_api(app: FastAPI) -> None:
@@ -18,6 +18,8 @@ def include_api(app: FastAPI) -> None:
     app.include_router(voices.router)
     app.include_router(memory.router)
     app.include_router(ws_tts.router)
+    app.include_router(usage.router)
+    app.include_router(batches.router)
 
 
 __all__ = ["include_api"]

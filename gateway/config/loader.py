@@ -24,9 +24,12 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from gateway.config.api import ApiConfig
 from gateway.config.asr import ASRConfig
 from gateway.config.base import ConfigError, Section, is_text, is_text_list
+from gateway.config.batches import BatchesConfig
+from gateway.config.cache import CacheConfig
 from gateway.config.engine import EngineConfig, GPUConfig, TTSConfig
 from gateway.config.llm import LLMConfig, SegmenterConfig, ToolsConfig
 from gateway.config.server import AudioConfig, OtaConfig, ServerConfig, SessionConfig
+from gateway.config.service import ServiceConfig
 from gateway.config.store import StoreConfig
 from tts_engine.settings import Settings
 
@@ -48,6 +51,9 @@ class Config(Section):
     api: ApiConfig = Field(default_factory=ApiConfig)
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    service: ServiceConfig = Field(default_factory=ServiceConfig)
+    cache: CacheConfig = Field(default_factory=CacheConfig)
+    batches: BatchesConfig = Field(default_factory=BatchesConfig)
 
     @field_validator("session")
     @classmethod
