@@ -1,5 +1,6 @@
 """`python -m gateway serve [--config FILE] [--host H] [--port P]`; `python -m gateway check [--config FILE]
-[--no-synth] [--json] [--verbose]` (what works with the configured models, docs/check.md)."""
+[--no-synth] [--json] [--verbose]` (what works with the configured models, docs/check.md); `python -m
+gateway keys add|list|revoke|usage` (API keys in the store, gateway/keys_cli.py)."""
 
 from __future__ import annotations
 
@@ -63,11 +64,16 @@ def main(argv: list[str] | None = None) -> int:
     from gateway.checks import report as check_report
 
     check_report.add_arguments(check)
+    from gateway import keys_cli
+
+    keys_cli.add_arguments(sub.add_parser("keys", help="API keys in the store: add, list, revoke, usage"))
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
     if args.command == "check":
         return check_report.run(args)
+    if args.command == "keys":
+        return keys_cli.run(args)
     return 2
 
 

@@ -23,6 +23,7 @@ from starlette.requests import HTTPConnection
 
 from gateway.api.errors import ApiError
 from gateway.service.accounts import ANONYMOUS, Account
+from gateway.store import StoreError
 
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
@@ -68,7 +69,13 @@ async def account_of(conn: HTTPConnection) -> Account:
             raise missing_key()
         return ANONYMOUS
     if not required:
-        return ANONYMOUS  # no key exists: a stray one is ignored, as before keys existed
+        # no key was known a moment ago: a key added since (by the CLI) counts at once; any other is
+        # ignored, as before keys existed
+        try:
+            found = await accounts.authenticate(key)
+        except StoreError:
+            found = None
+        return found or ANONYMOUS
     account = await accounts.authenticate(key)
     if account is None:
         raise invalid_key()
