@@ -12,7 +12,8 @@ from gateway.config.base import Section
 class ServiceConfig(Section):
     """Keys as accounts (config keys and keys in the store), their limits and the usage meter."""
 
-    # auto: a key is needed once one exists (api.api_keys, or a key added with `python -m gateway keys add`);
+    # auto: a key is needed once one exists (api.api_keys, or a key ever added with `python -m gateway keys add`,
+    # revoked or not);
     # always: a key is needed even before any exists (a gateway whose store is down at start-up stays shut).
     require_keys: Literal["auto", "always"] = "auto"
     # How long a key found (or not found) in the store is trusted before it is looked up again: a revoked

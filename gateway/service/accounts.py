@@ -239,8 +239,9 @@ class KeyStore:
             row = (await conn.execute(query)).mappings().first()
         return None if row is None else _stored(row).account
 
-    async def count_active(self) -> int:
-        query = select(func.count()).select_from(keys_accounts).where(keys_accounts.c.revoked_at.is_(None))
+    async def count(self) -> int:
+        """Keys ever added, revoked ones included (revoking the last key does not open the gateway)."""
+        query = select(func.count()).select_from(keys_accounts)
         async with self.store.read() as conn:
             return int((await conn.execute(query)).scalar_one())
 
@@ -269,13 +270,14 @@ class Accounts:
         self.refresh_s = refresh_s
         self.cache_size = cache_size
         self._found: OrderedDict[str, tuple[Account | None, float]] = OrderedDict()
-        self._stored_keys: bool | None = None  # whether the store holds an active key (None: not known yet)
+        self._stored_keys: bool | None = None  # whether the store holds a key, revoked or not (None: not known yet)
         self._stored_keys_at = 0.0
         self._count_lock = asyncio.Lock()
 
     async def keys_required(self) -> bool:
-        """Whether a request needs a key: ``service.require_keys: always``, a configured key, or an active
-        key in the store (checked again every ``refresh_s``; while the store is down the last answer holds)."""
+        """Whether a request needs a key: ``service.require_keys: always``, a configured key, or a key in
+        the store, revoked ones included (checked again every ``refresh_s``; while the store is down the
+        last answer holds)."""
         if self.require_keys == "always" or self._config_keys:
             return True
         if self.keys is None:
@@ -292,7 +294,7 @@ class Accounts:
             if self._stored_keys is not None and time.monotonic() - self._stored_keys_at < self.refresh_s:
                 return
             try:
-                self._stored_keys = await self.keys.count_active() > 0
+                self._stored_keys = await self.keys.count() > 0
             except StoreUnavailable as exc:
                 if self._stored_keys is None:
                     log.warning("API keys in the store not known yet (%s): only api.api_keys are checked", exc)
