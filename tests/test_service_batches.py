@@ -24,8 +24,8 @@ from audio_codecs.wav import read_wav
 from gateway.service.accounts import Account, Limits
 from tests.api_helpers import slow
 from tests.gateway_server import running_gateway
-from tts_engine.backends.fake import FakeBackend
 from tests.test_service_limits import add_key
+from tts_engine.backends.fake import FakeBackend
 
 ROOT = Path(__file__).resolve().parent.parent
 ITEMS = 200
