@@ -39,6 +39,21 @@ first-chunk p95), as timeit advises for a shared machine. First-chunk p95 and dr
 the final line and in the ``cache-on`` / ``cache-off`` rows come from the paced runs (the capacity
 rows' dry_% only says where playback would have stalled; their slack ranking sees no playback).
 
+Realistic arrivals (``--arrivals poisson --load 0.3,0.6,0.9 --streams 16``): instead of streams that
+start together, replies (1-6 Chinese or English sentences of realistic lengths, fixed seed; the LLM
+emits as many speech tokens as each sentence takes to say) arrive as a Poisson process at each
+fraction of the engine's measured capacity and are played as the gateway plays them (scripts/
+bench_traffic.py: the next sentence requested while the last plays, device priority, the listener's
+playback credit refreshed, chunks taken at the gateway's 0.3 s lead). ``--streams`` is the engine's KV
+slots. It first measures the lone-stream first chunk (one sentence at a time on an idle engine, the
+median of 6) and the capacity (``--streams`` replies played at once, unpaced: audio s per s), then per
+load prints each sentence's first chunk p50/p95/p99 (request to first chunk, every sentence, not only
+each reply's), p95 over the lone first chunk, the replies' own first chunk p95, mid-stream underruns
+(a started sentence ran dry; and how many sentences did), late starts (a sentence began after the one
+before had finished playing), failures, aggregate audio/s, the engine's busy share and the closing
+pass's share of it. ``--step-order together`` runs the step order of before (for a before / after).
+The run prints the commit and every setting; seeds are fixed (``--seed``).
+
 Imports only torch / numpy / tokenizers / safetensors / pyyaml / onnxruntime (no web stack).
 """
 
@@ -50,6 +65,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,6 +141,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--compare-repeats", type=int, default=3, help="compare mode: interleaved rounds of the 4 runs (best of each)"
     )
+    parser.add_argument("--arrivals", choices=("together", "poisson"), default="together", help="how streams start")
+    parser.add_argument("--load", default="0.3,0.6,0.9", help="poisson: fractions of the measured capacity")
+    parser.add_argument("--replies", type=int, default=60, help="poisson: replies per load")
+    parser.add_argument("--voices", type=int, default=4, help="poisson: voices the replies take turns in")
+    parser.add_argument("--seed", type=int, default=0, help="poisson: seed of the replies and their arrivals")
+    parser.add_argument("--step-order", choices=("slack", "together"), default="slack", help="engine.step_order")
     return parser.parse_args(argv)
 
 
@@ -144,16 +166,16 @@ def load_model(args: argparse.Namespace) -> CosyVoice3:
 
 def make_backend(
     model: CosyVoice3, args: argparse.Namespace, max_batch: int, voice_dir: Path, num_voices: int = 1,
-    flow_cache: bool = True,
+    flow_cache: bool = True, tokens: int | Callable[[str], int] | None = None,
 ) -> CosyVoiceBackend:  # fmt: skip
     budget = None
     if args.gpu_memory_gib is not None:
         budget = MemoryBudget.from_gib(args.gpu_memory_gib, args.device)
     backend = CosyVoiceBackend(
         model=model, seed=0, max_batch_size=max_batch, max_llm_len=args.max_llm_len, voice_cache_dir=voice_dir,
-        memory_budget=budget, fixed_llm_tokens=args.tokens_per_sentence, max_hop_rows=args.max_hop_rows,
+        memory_budget=budget, fixed_llm_tokens=tokens or args.tokens_per_sentence, max_hop_rows=args.max_hop_rows,
         cuda_graphs=args.cuda_graphs,  # torch.compile is applied once to the shared model (load_model)
-        flow_cache=flow_cache, final_pass=args.final_pass,
+        flow_cache=flow_cache, final_pass=args.final_pass, step_order=args.step_order,
     )  # fmt: skip
     # Synthetic speakers, one per stream, registered through the voice cache (no ONNX frontend needed).
     for i in range(num_voices):
@@ -293,7 +315,12 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    asyncio.run(main_async(args))
+    if args.arrivals == "poisson":
+        from scripts.bench_engine_poisson import run_poisson
+
+        asyncio.run(run_poisson(args, load_model(args), make_backend))
+    else:
+        asyncio.run(main_async(args))
     return 0
 
 

@@ -1,31 +1,35 @@
-"""Every GPU measurement of the project in one command, written to one markdown report.
+"""Every GPU measurement of the project in one command that fits a short GPU loan, written to one report.
 
-    python scripts/gpu_report.py OUTDIR [--model-dir DIR] [--budget-s 1800] [--streams 1,4,8,16,32,64]
-                                 [--keep-model] [--allow-cpu --quick] [--fail-step KEY]
+    python scripts/gpu_report.py OUTDIR [--minutes 8] [--model-dir DIR] [--streams 1,4,16,64]
+                                 [--keep-model] [--plan] [--allow-cpu --quick] [--fail-step KEY]
 
-On a machine with a CUDA GPU it runs, one subprocess each and in this order: the model (``--model-dir``, or a
-random-weight model with the Fun-CosyVoice3-0.5B dimensions written by scripts/make_tiny_model.py
-``--preset full`` into a temporary directory), single-stream per-stage timing and first-chunk latency in bf16
-and fp32 (bench_cosyvoice.py), bench_engine.py over ``--streams`` in bf16 with the flow cache on (plus the
-one-at-a-time baseline) and off, with ``--cuda-graphs`` and with ``--torch-compile``, the flow cache's
-on-vs-off workload of issue 18 (``--flow-cache compare``), check_precision.py, measure_activations.py
-``--device cuda`` and the memory plan against ``torch.cuda.max_memory_allocated`` (gpu_report_memory.py).
-The flow-cache runs are used only when bench_engine.py has ``--flow-cache`` (read from its ``--help``);
-otherwise they are recorded as skipped.
+The whole run, model generation included, stays within ``--minutes`` (default 8: a GPU is typically lent
+for 15 minutes in all, one command at most 10, the machine's start included). Steps run one subprocess each,
+in order of value, each with its own time budget (``--plan`` prints them and exits;
+scripts/gpu_report_steps.py has the list): machine facts; a random-weight model with the
+Fun-CosyVoice3-0.5B dimensions (``make_tiny_model.py --preset full`` into a temporary directory; or
+``--model-dir`` with a real one, which saves that step); the single-stream first chunk in bf16
+(bench_cosyvoice.py); bench_engine.py at 1, 4, 16, 64 streams with the flow cache and CUDA graphs; the
+Poisson bench at 0.6 and 0.9 of the measured capacity; the memory plan against
+``torch.cuda.max_memory_allocated`` (gpu_report_memory.py); then, while time remains, the Poisson bench
+in the step order of before, fp32, precision, cache off, one-at-a-time, the flow cache's own workload,
+activations and torch.compile. A step gets its budget or what is left of the run, whichever is less, and
+is skipped when less than its minimum is left; one that runs out of time is killed with its output so far
+kept.
 
 The report, ``OUTDIR/YYYY-MM-DD-<device>.md``, holds the date, device, driver and CUDA versions, torch
-and package versions, the git commit, which model, each step's exact command, status and output (the
-tables), and a pivot of bench_engine's aggregate audio/s and first-chunk p95. It is rewritten after every
-step, so a killed run leaves a partial report; each step's full output is in ``<report>.logs/``. Each step
-has its own time limit, a share of what is left of ``--budget-s`` (default 30 minutes) by weight, and a
-step that fails or runs out of time is recorded and the next one runs.
+and package versions, the git commit, which model, each step's exact command, budget, status and output
+(the tables), a pivot of bench_engine's aggregate audio/s and first-chunk p95 and the Poisson goal lines.
+It is rewritten after every step, so a killed run leaves a partial report; each step's full output is in
+``<report>.logs/``.
 
-Without CUDA it refuses (exit 2), unless ``--allow-cpu --quick`` is given: a smoke run of every step on the
-CPU with the tiny preset, 1-2 streams and a few tokens (what tests/test_gpu_report.py runs); the steps that
-need CUDA are recorded as skipped with the reason. ``--fail-step KEY`` replaces one step's command with one
-that fails (to test the report). Exit status: 0 all steps ok or skipped, 1 some step failed or timed out,
-2 refused. This driver imports only the standard library; the steps need torch, numpy, tokenizers,
-safetensors, pyyaml and onnxruntime, nothing of the web stack.
+Without CUDA it refuses (exit 2), unless ``--allow-cpu --quick`` is given: a smoke run of the same steps
+on the CPU with the tiny preset, 1-2 streams and a few tokens (what tests/test_gpu_report.py runs, with
+the web stack made unimportable); the steps that need CUDA are recorded as skipped with the reason.
+``--fail-step KEY`` replaces one step's command with one that fails (to test the report). Exit status: 0
+all steps ok or skipped, 1 some step failed or timed out, 2 refused. This driver imports only the
+standard library; the steps need torch, numpy, tokenizers, safetensors, pyyaml, msgpack and onnxruntime
+(transformers for check_precision), nothing of the web stack (no pydantic, fastapi, soxr or wetext).
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from scripts.gpu_report_markdown import render  # noqa: E402
-from scripts.gpu_report_steps import FULL_STREAMS, Options, Step, build_steps  # noqa: E402
+from scripts.gpu_report_steps import FULL_STREAMS, Options, Step, build_steps, display_command  # noqa: E402
 
 PACKAGES = ("torch", "onnxruntime", "tokenizers", "safetensors", "transformers", "numpy")
 PROBE = """
@@ -75,7 +79,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("outdir", type=Path, help="where the report (and its logs folder) is written")
     parser.add_argument("--model-dir", type=Path, default=None, help="real model (default: random full-size)")
-    parser.add_argument("--budget-s", type=float, default=None, help="total time (default 1800; quick 600)")
+    parser.add_argument(
+        "--minutes", type=float, default=8.0, help="the whole run's time, model generation included (default 8)"
+    )
+    parser.add_argument("--plan", action="store_true", help="print the steps and their budgets, run nothing")
     parser.add_argument("--streams", default=FULL_STREAMS, help="bench_engine concurrency levels")
     parser.add_argument("--keep-model", action="store_true", help="keep the generated random-weight model")
     parser.add_argument("--allow-cpu", action="store_true", help="with --quick: a CPU smoke run (no GPU)")
@@ -175,7 +182,7 @@ def describe(
             if opts.flow_cache_flag
             else "not available (no --flow-cache flag)"
         ),
-        "time budget": f"{args.budget_s:.0f} s",
+        "time budget": f"{args.minutes:g} min ({args.budget_s:.0f} s), model generation included",
         "command": shlex.join(["python", "scripts/gpu_report.py", *sys.argv[1:]]),
         "full logs": str(report.with_suffix(".logs")),
     }
@@ -242,12 +249,11 @@ def run_step(step: Step, log_path: Path, timeout: float) -> None:
             step.output = log_path.read_text(encoding="utf-8", errors="replace")
 
 
-def step_timeout(step: Step, steps: list[Step], remaining: float) -> float | None:
-    """This step's share of the time left by weight (at least its ``min_s``); None: not enough left."""
+def step_timeout(step: Step, remaining: float) -> float | None:
+    """This step's limit: its budget or the time left, whichever is less; None: less than its minimum left."""
     if remaining < step.min_s:
         return None
-    weights = sum(s.weight for s in steps if s.status == "pending")
-    return min(remaining, max(step.min_s, remaining * step.weight / weights))
+    return min(remaining, step.budget_s)
 
 
 def _run_steps(
@@ -263,7 +269,7 @@ def _run_steps(
             step.status, step.skip_reason = "skipped", "no model: the model step did not finish"
             continue
         remaining = budget_s - (time.perf_counter() - start)
-        timeout = step_timeout(step, steps, remaining)
+        timeout = step_timeout(step, remaining)
         if timeout is None:
             step.status = "skipped"
             step.skip_reason = (
@@ -291,11 +297,33 @@ def run_all(steps: list[Step], header: dict[str, str], report: Path, budget_s: f
     except (Interrupted, KeyboardInterrupt):
         write_atomic(report, render(header, steps, "interrupted"))
         raise
-    header["time budget"] = f"{budget_s:.0f} s, used {time.perf_counter() - start:.0f} s"
+    header["time budget"] = (
+        f"{budget_s / 60:g} min ({budget_s:.0f} s, used {time.perf_counter() - start:.0f} s), model generation included"
+    )
     bad = [s.key for s in steps if s.status in ("failed", "timed out")]
     state = "complete" + (f"; failed or timed out: {', '.join(bad)}" if bad else "; every step ok or skipped")
     write_atomic(report, render(header, steps, state))
     return 1 if bad else 0
+
+
+def print_plan(args: argparse.Namespace) -> int:
+    """The steps of a run on a CUDA GPU with these arguments, their budgets and a running total."""
+    opts = Options(
+        device="cuda", quick=args.quick, model_dir=args.model_dir or Path("<tmp>/model"),
+        generate_model=args.model_dir is None, preset="tiny" if args.quick else "full", streams=args.streams,
+        flow_cache_flag=True, flow_cache_compare=True,
+    )  # fmt: skip
+    total = 0.0
+    print(f"gpu_report plan: {args.minutes:g} min = {args.budget_s:.0f} s for everything, model generation included")
+    print(f"{'step':<22} {'budget_s':>8} {'total_s':>8}  command")
+    for step in build_steps(opts):
+        if step.skip_reason:
+            print(f"{step.key:<22} {'-':>8} {total:>8.0f}  skipped: {step.skip_reason}")
+            continue
+        total += step.budget_s
+        fits = "" if total <= args.budget_s else "  (only while time remains)"
+        print(f"{step.key:<22} {step.budget_s:>8.0f} {total:>8.0f}  {display_command(step)}{fits}")
+    return 0
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
@@ -305,6 +333,12 @@ def _on_sigterm(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     args = _parse_args(argv)
+    if not 0 < args.minutes <= 600:
+        print(f"gpu_report: --minutes must be in (0, 600], got {args.minutes}", file=sys.stderr)
+        return 2
+    args.budget_s = 60.0 * args.minutes
+    if args.plan:
+        return print_plan(args)
     if args.allow_cpu and not args.quick:
         print("gpu_report: --allow-cpu runs only the --quick smoke version; add --quick", file=sys.stderr)
         return 2
@@ -333,7 +367,6 @@ def main(argv: list[str] | None = None) -> int:
     if "error" in info:
         print(f"gpu_report: torch does not load: {info['error']}", file=sys.stderr)
         return 2
-    args.budget_s = args.budget_s or (600.0 if args.quick else 1800.0)
     tmp_root = None
     if args.model_dir is None:
         tmp_root = Path(tempfile.mkdtemp(prefix="gpu-report-model-"))

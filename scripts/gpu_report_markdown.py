@@ -92,11 +92,15 @@ def render(header: dict[str, str], steps: Sequence[Step], state: str) -> str:
     lines = [f"# GPU report: {header['device']}, {header['date']}", ""]
     lines += [f"- **{key}**: {value}" for key, value in header.items()]
     lines += [f"- **report state**: {state}", "", "## Steps", ""]
-    lines += ["| step | status | limit s | note |", "| --- | --- | --- | --- |"]
+    lines += ["| step | status | budget s | limit s | note |", "| --- | --- | --- | --- | --- |"]
     for step in steps:
         limit = f"{step.timeout_s:.0f}" if step.timeout_s else "-"
-        lines.append(f"| [{step.title}](#{step.key}) | {_status(step)} | {limit} | {step.note or '-'} |")
+        budget = "-" if step.skip_reason else f"{step.budget_s:.0f}"
+        lines.append(f"| [{step.title}](#{step.key}) | {_status(step)} | {budget} | {limit} | {step.note or '-'} |")
     lines += ["", "## bench_engine summary", "", *_engine_pivot(steps), ""]
+    goals = [f"- {s.key}: `{line.strip()}`" for s in steps for line in s.output.splitlines() if line.startswith("load ")]
+    if goals:
+        lines += ["Poisson runs (sentence first chunk against the lone one, mid-stream underruns):", "", *goals, ""]
     for step in steps:
         lines += [f'<a id="{step.key}"></a>', f"## {step.title}", ""]
         lines += [f"- command: `{display_command(step)}`", f"- status: {_status(step)}"]

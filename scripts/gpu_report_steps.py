@@ -1,7 +1,14 @@
-"""The measurements scripts/gpu_report.py runs: one subprocess command per step, in report order.
+"""The measurements scripts/gpu_report.py runs: one subprocess command per step, in order of value.
 
 Standard library only (the report's driver must not import torch: every measurement runs in its own
 process, so a crash, a CUDA error or a timeout in one is recorded and the next one still runs).
+
+Each step has its own time budget (``budget_s``, seconds, shown in the report and by ``--plan``). The
+first ones are what a short GPU loan must bring back (``CORE_STEPS``: machine facts, the model, the
+single-stream first chunk in bf16, the engine at 1, 4, 16 and 64 streams with caches and CUDA graphs,
+the Poisson bench at 0.6 and 0.9 load, the memory plan against the allocator); their budgets add up to
+less than 8 minutes with the driver's own probes. The rest run while time remains, each with its own
+budget or what is left of the run's, whichever is less.
 """
 
 from __future__ import annotations
@@ -11,14 +18,40 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["FAIL_COMMAND", "Options", "Step", "build_steps", "display_command"]
+__all__ = ["CORE_STEPS", "FAIL_COMMAND", "Options", "Step", "build_steps", "display_command"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-FULL_STREAMS = "1,4,8,16,32,64"
+FULL_STREAMS = "1,4,16,64"
 BASELINE_MAX_STREAMS = 16  # one-at-a-time runs above this take minutes per level
+POISSON_STREAMS = "64"  # the engine's KV slots in the Poisson runs
 NO_FLAG_NOTE = "bench_engine.py has no --flow-cache flag yet: ran with its default (no flow cache)"
 # What --fail-step puts in place of a step's command (tests: a failing measurement must not stop the rest).
 FAIL_COMMAND = ["-c", "import sys; print('injected failure (--fail-step)'); sys.exit(3)"]
+CORE_STEPS = ("facts", "model", "first-chunk-bfloat16", "engine-grid", "poisson", "memory-plan")
+
+FACTS = r"""
+import json, os, platform, shutil, subprocess
+import torch
+facts = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+         "cpus": os.cpu_count(), "disk_free_gib": round(shutil.disk_usage(".").free / 2**30, 1)}
+try:
+    facts["ram_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+except (ValueError, OSError):
+    pass
+if torch.cuda.is_available():
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        free, total = torch.cuda.mem_get_info(i)
+        facts[f"gpu{i}"] = {"name": p.name, "capability": f"{p.major}.{p.minor}", "sms": p.multi_processor_count,
+                            "total_gib": round(total / 2**30, 1), "free_gib": round(free / 2**30, 1)}
+    facts["bf16"] = torch.cuda.is_bf16_supported()
+    facts["cudnn"] = torch.backends.cudnn.version()
+print(json.dumps(facts, indent=1))
+if shutil.which("nvidia-smi"):
+    q = "name,driver_version,memory.total,memory.used,clocks.max.sm,power.limit,compute_mode,mig.mode.current"
+    print(subprocess.run(["nvidia-smi", "--query-gpu=" + q, "--format=csv"], capture_output=True, text=True,
+                         timeout=30).stdout)
+"""
 
 
 @dataclass
@@ -44,8 +77,8 @@ class Step:
     title: str
     script: str | None  # scripts/<name>.py, or None for a python -c command
     args: list[str] = field(default_factory=list)
-    weight: float = 1.0  # share of the remaining time budget
-    min_s: float = 30.0  # below this much time left the step is skipped
+    budget_s: float = 60.0  # its time limit (less when the run has less left)
+    min_s: float = 20.0  # below this much time left the step is skipped
     needs_model: bool = True
     skip_reason: str | None = None
     note: str = ""
@@ -62,6 +95,8 @@ class Step:
 
 def display_command(step: Step) -> str:
     """The command as one would type it in the repository root."""
+    if step.script is None and step.args[-1:] == [FACTS]:
+        return "python -c '<machine facts: torch, CUDA devices, nvidia-smi, CPUs, RAM, disk>'"
     return shlex.join(["python"] + ([step.script] if step.script else []) + step.args)
 
 
@@ -75,60 +110,23 @@ def _engine_args(opts: Options, streams: str, *extra: str, sentences: int | None
     ]
 
 
-def _engine_steps(opts: Options) -> list[Step]:
-    """The bf16 grid with the flow cache on and off, batched vs one at a time, the cache's own workload."""
-    on = ["--flow-cache", "on"] if opts.flow_cache_flag else []
-    no_flag = "" if opts.flow_cache_flag else NO_FLAG_NOTE
-    streams = "1,2" if opts.quick else opts.streams
-    small = ",".join(n for n in streams.split(",") if int(n) <= BASELINE_MAX_STREAMS) or "1"
-    bench = "scripts/bench_engine.py"
-    cache_on = Step("engine-cache-on", "bench_engine: bf16, flow cache on", bench, weight=2.0, note=no_flag)
-    cache_on.args = _engine_args(opts, streams, *on, "--no-baseline")
-    cache_off = Step("engine-cache-off", "bench_engine: bf16, flow cache off", bench, weight=2.0)
-    cache_off.args = _engine_args(opts, streams, "--flow-cache", "off", "--no-baseline")
-    title = f"bench_engine: bf16, batched vs one request at a time (up to {BASELINE_MAX_STREAMS} streams)"
-    one_at_a_time = Step("engine-one-at-a-time", title, bench, weight=2.0, note=no_flag)
-    one_at_a_time.args = _engine_args(opts, small, *on)
-    title = "bench_engine: flow cache on vs off in one process (issue 18 workload)"
-    compare = Step("flow-cache-compare", title, bench, weight=1.5)
-    compare.args = _engine_args(
-        opts,
-        "2" if opts.quick else "8",
-        "--flow-cache",
-        "compare",
-        "--no-baseline",
-        sentences=2 if opts.quick else 4,
-    )
-    if not opts.flow_cache_flag:
-        cache_off.skip_reason = "bench_engine.py has no --flow-cache flag (the flow cache has not landed yet)"
-    if not opts.flow_cache_compare:
-        compare.skip_reason = (
-            "bench_engine.py has no --flow-cache compare (the flow cache has not landed yet)"
-        )
-    return [cache_on, cache_off, one_at_a_time, compare]
+def _poisson_args(opts: Options, *extra: str) -> list[str]:
+    """bench_engine.py --arrivals poisson at 0.6 and 0.9 of the measured capacity, bf16."""
+    slots, replies, prompt = ("4", "6", "1") if opts.quick else (POISSON_STREAMS, "150", "3")
+    return [
+        *("--preset", opts.preset, "--model-dir", str(opts.model_dir), "--device", opts.device),
+        *("--dtype", "bfloat16", "--arrivals", "poisson", "--load", "0.6,0.9", "--streams", slots),
+        *("--replies", replies, "--prompt-seconds", prompt, *extra),
+    ]
 
 
-def _fast_path_steps(opts: Options) -> list[Step]:
-    """CUDA graphs and torch.compile; run last, so compilation gets whatever time is left."""
-    on = ["--flow-cache", "on"] if opts.flow_cache_flag else []
-    no_flag = "" if opts.flow_cache_flag else NO_FLAG_NOTE
-    streams = "1,2" if opts.quick else opts.streams
-    bench = "scripts/bench_engine.py"
-    graphs = Step("engine-cuda-graphs", "bench_engine: bf16, CUDA graphs (decode step)", bench, weight=2.0)
-    graphs.args, graphs.note = _engine_args(opts, streams, *on, "--cuda-graphs", "--no-baseline"), no_flag
-    title = "bench_engine: bf16, torch.compile (DiT step + vocoder)"
-    compiled = Step("engine-torch-compile", title, bench, weight=3.0, min_s=60.0, note=no_flag)
-    compiled.args = _engine_args(opts, streams, *on, "--torch-compile", "--no-baseline")
-    if opts.device != "cuda":
-        graphs.skip_reason = "CUDA graphs need a CUDA device (this run is on the CPU)"
-        if opts.quick:
-            compiled.skip_reason = "torch.compile on the CPU takes minutes of inductor compilation (--quick)"
-    return [graphs, compiled]
+def _cache_flag(opts: Options) -> list[str]:
+    return ["--flow-cache", "on"] if opts.flow_cache_flag else []
 
 
 def _model_step(opts: Options) -> Step:
     title = f"model: random weights, {opts.preset} architecture"
-    step = Step("model", title, "scripts/make_tiny_model.py", weight=1.0, min_s=300.0, needs_model=False)
+    step = Step("model", title, "scripts/make_tiny_model.py", budget_s=90.0, min_s=30.0, needs_model=False)
     step.args = [str(opts.model_dir), "--preset", opts.preset, "--seed", "0", "--no-onnx"]
     if not opts.generate_model:
         step.title = "model: the given model directory"
@@ -136,54 +134,92 @@ def _model_step(opts: Options) -> Step:
     return step
 
 
-def _single_stream_steps(opts: Options) -> list[Step]:
-    args = ["--device", opts.device, "--model-dir", str(opts.model_dir)]
+def _first_chunk(opts: Options, dtype: str, budget_s: float) -> Step:
+    title = f"single stream: per-stage timing and first-chunk latency, {dtype}"
+    step = Step(f"first-chunk-{dtype}", title, "scripts/bench_cosyvoice.py", budget_s=budget_s)
+    step.args = ["--device", opts.device, "--model-dir", str(opts.model_dir), "--dtype", dtype, "--quick"]
     if opts.quick:
-        args += ["--quick", "--decode-tokens", "3", "--prompt-seconds", "1"]
-    steps = []
-    for dtype in ("bfloat16", "float32"):
-        title = f"single stream: per-stage timing and first-chunk latency, {dtype}"
-        step = Step(f"first-chunk-{dtype}", title, "scripts/bench_cosyvoice.py", weight=0.5)
-        step.args = [*args, "--dtype", dtype]
-        steps.append(step)
-    return steps
+        step.args += ["--decode-tokens", "3", "--prompt-seconds", "1"]
+    return step
 
 
-def _memory_steps(opts: Options) -> list[Step]:
+def _core_steps(opts: Options) -> list[Step]:
+    """What a short loan must bring back, in order of value (module docstring)."""
+    facts = Step("facts", "machine facts", None, ["-c", FACTS], budget_s=15.0, min_s=5.0, needs_model=False)
+    streams = "1,2" if opts.quick else opts.streams
+    graphs = ["--cuda-graphs"] if opts.device == "cuda" else []
+    title = f"bench_engine: bf16, {streams} streams, flow cache on" + (", CUDA graphs" if graphs else "")
+    grid = Step("engine-grid", title, "scripts/bench_engine.py", budget_s=120.0)
+    grid.args = _engine_args(opts, streams, *_cache_flag(opts), *graphs, "--no-baseline")
+    grid.note = NO_FLAG_NOTE if not opts.flow_cache_flag else ("" if graphs else "no CUDA: without CUDA graphs")
+    title = "bench_engine --arrivals poisson: load 0.6 and 0.9 of the measured capacity (slack step order)"
+    poisson = Step("poisson", title, "scripts/bench_engine.py", budget_s=120.0, min_s=40.0)
+    poisson.args = _poisson_args(opts, *graphs)
+    title = "memory plan (tts_engine/memory.py) against torch.cuda.max_memory_allocated"
+    plan = Step("memory-plan", title, "scripts/gpu_report_memory.py", budget_s=45.0)
+    plan.args = ["--model-dir", str(opts.model_dir), "--device", opts.device, "--dtype", "bfloat16"]
+    if opts.quick:
+        plan.args += ["--streams", "2", "--tokens-per-sentence", "10", "--prompt-seconds", "1"]
+    if opts.device != "cuda":
+        plan.note = "torch.cuda.max_memory_allocated: skipped: no CUDA device (the plan alone is printed)"
+    return [facts, _model_step(opts), _first_chunk(opts, "bfloat16", 60.0), grid, poisson, plan]
+
+
+def _rest(opts: Options) -> list[Step]:
+    """The rest, while time remains: before / after, precision, fp32, cache off, baselines, compile."""
+    graphs = ["--cuda-graphs"] if opts.device == "cuda" else []
+    bench = "scripts/bench_engine.py"
+    title = "bench_engine --arrivals poisson: the step order of before (together), for a before / after"
+    together = Step("poisson-together", title, bench, budget_s=120.0, min_s=40.0)
+    together.args = _poisson_args(opts, *graphs, "--step-order", "together")
     model, cpu = ("--model-dir", str(opts.model_dir)), opts.device != "cuda"
     precision = Step("precision", "check_precision: bf16 / fp16 against fp32", "scripts/check_precision.py")
     precision.args = [*model, "--preset", opts.preset, "--device", opts.device]
     title = "activation peak per row against the plan's reserve (measure_activations)"
     activations = Step("activations", title, "scripts/measure_activations.py")
     activations.args = [*model, "--preset", opts.preset, "--device", opts.device, "--dtype", "bfloat16"]
-    title = "memory plan (tts_engine/memory.py) against torch.cuda.max_memory_allocated"
-    plan = Step("memory-plan", title, "scripts/gpu_report_memory.py")
-    plan.args = [*model, "--device", opts.device, "--dtype", "bfloat16"]
     if opts.quick:
         precision.args += ["--tokens", "10", "--dtypes", "bfloat16", "--prompt-seconds", "1"]
         activations.args += ["--rows", "1", "--prompt-seconds", "2", "--flow-steps", "2"]
-        plan.args += ["--streams", "2", "--tokens-per-sentence", "10", "--prompt-seconds", "1"]
     else:
-        activations.args += ["--rows", "1,2,4,8,16", "--prompt-seconds", "10"]
+        activations.args += ["--rows", "1,4,16", "--prompt-seconds", "10"]
     if cpu:
         activations.note = "CPU: the live-tensor tracker, not torch.cuda.max_memory_allocated"
-        plan.note = "torch.cuda.max_memory_allocated: skipped: no CUDA device (the plan alone is printed)"
-    return [precision, activations, plan]
+    streams = "1,2" if opts.quick else opts.streams
+    small = ",".join(n for n in streams.split(",") if int(n) <= BASELINE_MAX_STREAMS) or "1"
+    cache_off = Step("engine-cache-off", "bench_engine: bf16, flow cache off", bench, budget_s=90.0)
+    cache_off.args = _engine_args(opts, streams, "--flow-cache", "off", *graphs, "--no-baseline")
+    title = f"bench_engine: bf16, batched vs one request at a time (up to {BASELINE_MAX_STREAMS} streams)"
+    one_at_a_time = Step("engine-one-at-a-time", title, bench, budget_s=120.0)
+    one_at_a_time.args = _engine_args(opts, small, *_cache_flag(opts))
+    title = "bench_engine: flow cache on vs off in one process (issue 18 workload)"
+    compare = Step("flow-cache-compare", title, bench, budget_s=120.0)
+    compare.args = _engine_args(
+        opts, "2" if opts.quick else "8", "--flow-cache", "compare", "--no-baseline", sentences=2 if opts.quick else 4
+    )
+    if not opts.flow_cache_flag:
+        cache_off.skip_reason = "bench_engine.py has no --flow-cache flag (the flow cache has not landed yet)"
+        one_at_a_time.note = NO_FLAG_NOTE
+    if not opts.flow_cache_compare:
+        compare.skip_reason = "bench_engine.py has no --flow-cache compare (the flow cache has not landed yet)"
+    title = "bench_engine: bf16, torch.compile (DiT step + vocoder)"
+    compiled = Step("engine-torch-compile", title, bench, budget_s=180.0, min_s=60.0)
+    compiled.args = _engine_args(opts, streams, *_cache_flag(opts), "--torch-compile", "--no-baseline")
+    if cpu and opts.quick:
+        compiled.skip_reason = "torch.compile on the CPU takes minutes of inductor compilation (--quick)"
+    return [
+        together, _first_chunk(opts, "float32", 60.0), precision, cache_off, one_at_a_time, compare, activations,
+        compiled,
+    ]  # fmt: skip
 
 
 def build_steps(opts: Options) -> list[Step]:
     """Every measurement in run and report order."""
-    steps = [
-        _model_step(opts),
-        *_single_stream_steps(opts),
-        *_engine_steps(opts),
-        *_memory_steps(opts),
-        *_fast_path_steps(opts),
-    ]
+    steps = [*_core_steps(opts), *_rest(opts)]
     if opts.quick:
         for step in steps:
-            step.min_s = 60.0  # tiny steps: each may take a minute on a loaded machine
-            if opts.device == "cpu" and step.script != "scripts/make_tiny_model.py":
+            step.min_s = min(step.min_s, 20.0)
+            if opts.device == "cpu" and step.script not in (None, "scripts/make_tiny_model.py"):
                 step.args += ["--threads", "1"]  # a smoke run: no thread oversubscription on a shared CPU
     if opts.fail_step is not None:
         known = [s.key for s in steps]

@@ -20,7 +20,7 @@ import pytest
 
 from scripts.gpu_report import bench_engine_features, flow_cache_features, run_step, step_timeout
 from scripts.gpu_report_markdown import engine_rows
-from scripts.gpu_report_steps import Options, Step, build_steps
+from scripts.gpu_report_steps import CORE_STEPS, Options, Step, build_steps
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(REPO_ROOT / "scripts" / "gpu_report.py")
@@ -28,7 +28,7 @@ SCRIPT = str(REPO_ROOT / "scripts" / "gpu_report.py")
 # safetensors, transformers and their dependencies only).
 NOT_ON_GPU_MACHINE = (
     "fastapi", "uvicorn", "httpx", "rich", "pydantic", "starlette", "websockets", "aiohttp", "onnx", "scipy",
-    "soundfile", "librosa", "funasr", "modelscope", "opuslib_next",
+    "soundfile", "librosa", "funasr", "modelscope", "opuslib_next", "soxr", "wetext", "prometheus_client",
 )  # fmt: skip
 # ``None`` in sys.modules: ``import x`` raises ModuleNotFoundError and ``importlib.util.find_spec(x)`` is
 # None, as for a package that is not installed (torch._dynamo probes optional packages with find_spec).
@@ -73,50 +73,72 @@ def test_the_blocker_really_blocks(tmp_path: Path) -> None:
 
 def test_cpu_quick_run_writes_every_section_and_survives_a_failing_step(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    done = _run([str(out), "--allow-cpu", "--quick", "--fail-step", "first-chunk-bfloat16"], _env(tmp_path))
+    started = time.perf_counter()
+    done = _run(
+        [str(out), "--allow-cpu", "--quick", "--minutes", "8", "--fail-step", "first-chunk-float32"],
+        _env(tmp_path), timeout=480,
+    )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr  # 1: a step failed (the injected one)
+    assert time.perf_counter() - started < 8 * 60  # the run's own budget
     [report_file] = out.glob("*.md")
     assert re.fullmatch(r"\d{4}-\d\d-\d\d-cpu-quick\.md", report_file.name)
     report = report_file.read_text(encoding="utf-8")
     for field in ("device", "date", "torch / CUDA runtime / cuDNN", "git commit", "model", "packages"):
         assert f"- **{field}**: " in report
-    assert "report state**: complete; failed or timed out: first-chunk-bfloat16" in report
+    assert "- **time budget**: 8 min (480 s, used " in report
+    assert "report state**: complete; failed or timed out: first-chunk-float32" in report
 
-    status = {key: _section(report, key) for key in re.findall(r'<a id="([^"]+)"></a>', report)}
+    keys = re.findall(r'<a id="([^"]+)"></a>', report)
+    assert keys[: len(CORE_STEPS)] == list(CORE_STEPS)  # in order of value
+    status = {key: _section(report, key) for key in keys}
     assert set(status) == {
-        "model", "first-chunk-bfloat16", "first-chunk-float32", "engine-cache-on", "engine-cache-off",
-        "engine-one-at-a-time", "flow-cache-compare", "precision", "activations", "memory-plan",
-        "engine-cuda-graphs", "engine-torch-compile",
+        *CORE_STEPS, "poisson-together", "first-chunk-float32", "precision", "engine-cache-off",
+        "engine-one-at-a-time", "flow-cache-compare", "activations", "engine-torch-compile",
     }  # fmt: skip
     for key, section in status.items():
         assert "- command: `python " in section, key
     # The injected failure is recorded with its exit status and output; every step after it still ran.
-    assert "- status: FAILED (exit 3" in status["first-chunk-bfloat16"]
-    assert "injected failure" in status["first-chunk-bfloat16"]
-    for key in ("model", "first-chunk-float32", "engine-cache-on", "engine-one-at-a-time", "precision",
-                "activations", "memory-plan"):  # fmt: skip
+    assert "- status: FAILED (exit 3" in status["first-chunk-float32"]
+    assert "injected failure" in status["first-chunk-float32"]
+    for key in (*CORE_STEPS, "poisson-together", "precision", "engine-cache-off", "engine-one-at-a-time",
+                "flow-cache-compare", "activations"):  # fmt: skip
         assert "- status: ok (" in status[key], status[key]
-    for key in (
-        "engine-cache-off",
-        "flow-cache-compare",
-    ):  # ran, or skipped because bench_engine lacks the flag
-        assert (
-            "- status: ok (" in status[key]
-            or "- status: skipped: bench_engine.py has no --flow-cache" in status[key]
-        )
-    # What needs CUDA is skipped with its reason, not missing.
-    assert "- status: skipped: CUDA graphs need a CUDA device" in status["engine-cuda-graphs"]
-    assert "max_memory_allocated: skipped" in status["memory-plan"]
+    # What needs CUDA is skipped with its reason, or said in its note, not missing.
     assert "- status: skipped: " in status["engine-torch-compile"]
-    # The tables themselves are in the report: per-stage timing, engine rows, precision, plan.
-    assert "first-chunk latency:" in status["first-chunk-float32"]
+    assert "max_memory_allocated: skipped" in status["memory-plan"]
+    assert "without CUDA graphs" in status["engine-grid"]
+    # The tables themselves are in the report: facts, per-stage timing, engine rows, Poisson, precision, plan.
+    assert '"torch": ' in status["facts"] and '"cpus": ' in status["facts"]
+    assert "first-chunk latency:" in status["first-chunk-bfloat16"]
+    assert {(label, n) for label, n, _ in engine_rows(status["engine-grid"])} == {("batched", 1), ("batched", 2)}
     assert {(label, n) for label, n, _ in engine_rows(status["engine-one-at-a-time"])} == {
         ("batched", 1), ("batched", 2), ("one-at-1", 1), ("one-at-1", 2)
     }  # fmt: skip
+    for key in ("poisson", "poisson-together"):
+        assert re.search(r"^ 0\.60 +\d+ ", status[key], re.MULTILINE) and re.search(r"^ 0\.90 +\d+ ", status[key], re.MULTILINE)
+    assert "step_order=together" in status["poisson-together"] and "step_order=slack" in status["poisson"]
+    assert re.search(r"^- poisson: `load 0\.6: sentence first-chunk p95 = ", report, re.MULTILINE)
     assert re.search(r"^bfloat16\s+\d", status["precision"], re.MULTILINE)
     assert "planned total" in status["memory-plan"]
-    assert re.search(r"^\| cache-on \| [\d.]+ / \d+ \| [\d.]+ / \d+ \|$", report, re.MULTILINE)
+    assert re.search(r"^\| grid \| [\d.]+ / \d+ \| [\d.]+ / \d+ \|$", report, re.MULTILINE)
+    assert re.search(r"^\| \[machine facts\]\(#facts\) \| ok \(\d+ s\) \| 15 \| \d+ \|", report, re.MULTILINE)
     assert (report_file.with_suffix(".logs") / "precision.log").is_file()
+
+
+def test_the_8_minute_plan_puts_the_core_steps_first_within_the_budget() -> None:
+    done = subprocess.run(
+        [sys.executable, SCRIPT, "out", "--plan"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines()[2:]]
+    assert [row[0] for row in rows[: len(CORE_STEPS)]] == list(CORE_STEPS)
+    core_total = float(rows[len(CORE_STEPS) - 1][2])
+    assert core_total <= 8 * 60 - 20  # the driver's own probes fit in what is left
+    assert all("only while time remains" in " ".join(row) for row in rows[len(CORE_STEPS) :])
+    poisson = " ".join(rows[CORE_STEPS.index("poisson")])
+    assert "--arrivals poisson --load 0.6,0.9" in poisson and "--cuda-graphs" in poisson
+    grid = " ".join(rows[CORE_STEPS.index("engine-grid")])
+    assert "--streams 1,4,16,64" in grid and "--cuda-graphs" in grid and "--dtype bfloat16" in grid
 
 
 def test_without_cuda_it_refuses_with_exit_2(tmp_path: Path) -> None:
@@ -154,13 +176,11 @@ def test_a_step_past_its_limit_is_killed_and_keeps_its_output(tmp_path: Path) ->
     assert time.perf_counter() - start < 30
 
 
-def test_time_left_is_shared_by_weight_and_a_step_without_enough_is_skipped() -> None:
-    steps = [Step("a", "a", None, weight=1.0, min_s=10), Step("b", "b", None, weight=3.0, min_s=10)]
-    assert step_timeout(steps[0], steps, 400.0) == pytest.approx(100.0)
-    assert step_timeout(steps[0], steps, 20.0) == pytest.approx(10.0)  # the minimum, when there is that much
-    assert step_timeout(steps[0], steps, 5.0) is None
-    steps[0].status = "ok"
-    assert step_timeout(steps[1], steps, 300.0) == pytest.approx(300.0)  # the last pending step gets it all
+def test_a_step_gets_its_budget_or_what_is_left_and_is_skipped_below_its_minimum() -> None:
+    step = Step("a", "a", None, budget_s=100.0, min_s=10)
+    assert step_timeout(step, 400.0) == pytest.approx(100.0)  # its own budget
+    assert step_timeout(step, 40.0) == pytest.approx(40.0)  # what is left of the run
+    assert step_timeout(step, 5.0) is None  # less than its minimum: skipped
 
 
 def test_flow_cache_runs_follow_what_bench_engine_offers() -> None:
@@ -180,26 +200,23 @@ def _plan(flag: bool, compare: bool) -> dict[str, Step]:
 def test_the_full_plan_runs_the_grid_with_the_flow_cache_on_and_off_when_bench_engine_has_it() -> None:
     steps = _plan(flag=True, compare=True)
     assert all(step.skip_reason is None for step in steps.values())
-    for key, mode in (("engine-cache-on", "on"), ("engine-cache-off", "off"), ("engine-cuda-graphs", "on")):
+    for key, mode in (("engine-grid", "on"), ("engine-cache-off", "off")):
         args = " ".join(steps[key].args)
-        assert (
-            f"--flow-cache {mode}" in args
-            and "--streams 1,4,8,16,32,64" in args
-            and "--dtype bfloat16" in args
-        )
+        assert f"--flow-cache {mode}" in args and "--streams 1,4,16,64" in args and "--dtype bfloat16" in args
+        assert "--cuda-graphs" in args
     assert "--torch-compile" in steps["engine-torch-compile"].args
-    assert "--cuda-graphs" in steps["engine-cuda-graphs"].args
     compare = " ".join(steps["flow-cache-compare"].args)
     for part in ("--flow-cache compare", "--streams 8", "--sentences 4", "--prompt-seconds 8"):
         assert part in compare  # the issue's workload
     assert "--preset full" in " ".join(steps["model"].args)
+    assert "--step-order together" in " ".join(steps["poisson-together"].args)
 
 
 def test_without_the_flag_the_cache_off_runs_are_skipped_and_the_rest_use_the_default() -> None:
     steps = _plan(flag=False, compare=False)
     assert "--flow-cache" in (steps["engine-cache-off"].skip_reason or "")
     assert "--flow-cache" in (steps["flow-cache-compare"].skip_reason or "")
-    for key in ("engine-cache-on", "engine-one-at-a-time", "engine-cuda-graphs", "engine-torch-compile"):
+    for key in ("engine-grid", "engine-one-at-a-time", "engine-torch-compile"):
         assert steps[key].skip_reason is None and "--flow-cache" not in steps[key].args
 
 
@@ -223,7 +240,7 @@ def test_sigterm_leaves_a_partial_report_that_says_so(tmp_path: Path) -> None:
     report = reports[0].read_text(encoding="utf-8")
     assert "- **report state**: interrupted" in report
     assert "- status: ok (" in _section(report, "model")
-    assert "- status: not run yet" in _section(report, "memory-plan")
+    assert "- status: not run yet" in _section(report, "activations")
 
 
 @pytest.mark.parametrize("quick", [False, True])
@@ -236,7 +253,7 @@ def test_every_planned_command_parses_with_its_script(quick: bool) -> None:
     )  # fmt: skip
     checked = set()
     for step in build_steps(opts):
-        if step.skip_reason or step.script == "scripts/make_tiny_model.py":
+        if step.skip_reason or step.script in (None, "scripts/make_tiny_model.py"):
             continue
         module = importlib.import_module(step.script.removesuffix(".py").replace("/", "."))
         module._parse_args(step.args)  # argparse exits (SystemExit) on an unknown or malformed flag

@@ -105,7 +105,7 @@ class FakeEngine:
         return voice or self.default_voice
 
     def synthesize(self, text: str, *, voice: str | None = None, output_rate: int | None = None,
-                   playback_ahead: float = 0.0) -> FakeStream:  # fmt: skip
+                   playback_ahead: float = 0.0, priority: str = "interactive") -> FakeStream:  # fmt: skip
         self.texts.append(text)
         self.voices_used.append(voice)
         return FakeStream(

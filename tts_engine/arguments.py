@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Container, Sequence
 
 from tts_engine.errors import UnknownVoice
-from tts_engine.interface import OUTPUT_RATES
+from tts_engine.interface import OUTPUT_RATES, PRIORITIES, Priority
 from tts_engine.voices import VoiceError
 
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
@@ -22,6 +22,14 @@ def check_instruct(instruct: str | None) -> str | None:
         raise ValueError(f"instruct is longer than {MAX_INSTRUCT_CHARS} characters")
     check_encodable(instruct, "instruct")
     return instruct.strip() or None
+
+
+def check_priority(priority: object) -> Priority:
+    """``priority`` if it is one of the engine's classes (``PRIORITIES``), else ValueError."""
+    for known in PRIORITIES:
+        if priority == known and isinstance(priority, str):
+            return known
+    raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}, got {priority!r}")
 
 
 def check_encodable(value: str, name: str) -> None:

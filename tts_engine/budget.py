@@ -4,11 +4,33 @@ A backend declares its limits once (``Backend.limits()``); the ``Scheduler`` own
 them: how many streams are open (admission), how many run in one step (the batch), and the rows of
 the step's heavier parts, which it hands to the backend in ``StepPlan.budget``. The backend obeys the
 budget it is given and keeps no admission counter of its own.
+
+``StepBudget.lanes`` says, per stream of the step, when its flow + vocoder work may run (``Lane``): the
+scheduler sets it from each stream's playback slack and class; a backend that splits a step's audio
+work (CosyVoice, tts_engine/backends/cosyvoice/step.py) runs the urgent lane first and hands its audio
+out before the rest, and leaves the held work for a later step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum
+
+
+class Lane(IntEnum):
+    """When a stream's flow + vocoder work runs in a step (streams without a lane: ``URGENT``)."""
+
+    URGENT = 0
+    """Its listener waits for audio (first audio, or a short playback lead): its hops run first and their
+    audio is handed out before any other hop of the step runs."""
+    COMFORTABLE = 1
+    """A comfortable playback lead: its first hop runs with the urgent ones; its later hops and its
+    closing pass run after their audio is out, in the same step."""
+    DEFERRED = 2
+    """A comfortable lead while another listener waits for first audio: as COMFORTABLE, but its later
+    hops and closing pass wait for a later step (they run once its lead is short, or nobody waits)."""
+    BACKGROUND = 3
+    """A batch stream while a listener waits for first audio: none of its hops run this step."""
 
 
 def _check_cap(name: str, value: int | None) -> None:
@@ -28,6 +50,12 @@ class BackendLimits:
     """Streams that may start a prefill (a new LLM segment) in one step; the rest wait a step."""
     max_hop_rows: int | None = None
     """Rows of one step's flow + vocoder batch; the hops of the other streams wait a step."""
+    splits_steps: bool = False
+    """``step()`` takes the budget's ``lanes`` and an ``on_chunks`` callback: it runs a step's audio work
+    urgent lane first and hands that audio out before the rest (tts_engine/backends/base.py)."""
+    can_park: bool = False
+    """``Backend.park()`` releases a stream's share of ``max_streams`` keeping its state (CosyVoice: its
+    KV cache to host memory), so a batch stream can make room for a higher class."""
 
     def __post_init__(self) -> None:
         for name in ("max_streams", "max_prefill_rows", "max_hop_rows"):
@@ -46,11 +74,18 @@ class StepBudget:
     prefill_rows: int | None = None
     """Streams that may prefill this step: the first ones in rank order that need it."""
     hop_rows: int | None = None
-    """Flow + vocoder rows this step: the first ready hops in rank order."""
+    """Flow + vocoder rows this step: the first ready hops in rank order (held ones not counted)."""
+    lanes: tuple[Lane, ...] | None = None
+    """Per stream of the step, in its order: when its flow + vocoder work runs (None: all urgent)."""
 
     @property
     def is_capped(self) -> bool:
-        return self.prefill_rows is not None or self.hop_rows is not None
+        """The budget says something a backend must obey (caps, or lanes)."""
+        return self.prefill_rows is not None or self.hop_rows is not None or self.lanes is not None
+
+    def lane(self, index: int) -> Lane:
+        """The lane of the step's stream ``index`` (URGENT without lanes)."""
+        return Lane.URGENT if self.lanes is None else self.lanes[index]
 
     @staticmethod
     def take(items: list, cap: int | None) -> tuple[list, int]:

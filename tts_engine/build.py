@@ -93,6 +93,7 @@ def build_backend(
         flow_cache_mib=engine.flow_cache_mib,
         flow_cache_warm=engine.flow_cache_warm,
         final_pass=engine.final_pass,
+        step_order=engine.step_order,
         **({"max_prefill_rows": engine.max_prefill_rows} if engine.max_prefill_rows else {}),
         **(options or {}),
     )

@@ -44,6 +44,7 @@ from tts_engine.arguments import (
     MIN_SPEED,
     check_arguments,
     check_instruct,
+    check_priority,
     check_req_id,
     check_text_length,
     check_zero_shot,
@@ -52,7 +53,7 @@ from tts_engine.arguments import (
 from tts_engine.backends.base import Backend
 from tts_engine.engine_loop import CallOutcome, EngineLoop
 from tts_engine.errors import EngineClosed, EngineError, EngineOverloaded
-from tts_engine.interface import OUTPUT_RATES, EngineInfo
+from tts_engine.interface import DEFAULT_PRIORITY, OUTPUT_RATES, EngineInfo, Priority
 from tts_engine.request import ChunkCredit, EngineRequest, SynthesisStream
 from tts_engine.voices import PromptAudio, VoiceError, VoicePreset, decode_prompt_wav
 
@@ -169,6 +170,7 @@ class TTSEngine:
             "requests_total": self._num_requests_total,
             "requests_rejected": self._num_requests_rejected,
             **self._engine.counts,
+            "busy_seconds_total": self._engine.busy_seconds,
             **self._scheduler.stats,
             **self._backend.memory_stats(),
             **self._backend.step_stats(),
@@ -251,9 +253,15 @@ class TTSEngine:
         speed: float = 1.0,
         instruct: str | None = None,
         playback_ahead: float = 0.0,
+        priority: Priority = DEFAULT_PRIORITY,
     ) -> SynthesisStream:
         """Queue ``text``; returns at once, its stream resampled to ``output_rate`` (one of
         ``OUTPUT_RATES``). Call on the engine's event loop.
+
+        ``priority``: ``"device"`` (a device's live turn), ``"interactive"`` (the default: a client
+        waiting on the stream) or ``"batch"`` (nobody listens live: it runs in the capacity the others
+        leave free, yields to their first audio and may be parked; its queue wait is not bounded by
+        ``max_queue_wait_s``, its caller owns that deadline). ValueError for anything else.
 
         ``instruct`` is a style instruction (CosyVoice instruct mode); backends without
         ``supports_instruct`` (fake, espeak) ignore it. ``playback_ahead`` is how many seconds of the
@@ -267,7 +275,7 @@ class TTSEngine:
         check_text_length(text, self._max_text_chars)
         return self._submit(
             text, self.resolve_voice(voice), output_rate, req_id, speed, check_instruct(instruct),
-            playback_ahead=playback_ahead,
+            playback_ahead=playback_ahead, priority=check_priority(priority),
         )  # fmt: skip
 
     def synthesize_zero_shot(
@@ -280,6 +288,7 @@ class TTSEngine:
         speed: float = 1.0,
         req_id: str | None = None,
         instruct: str | None = None,
+        priority: Priority = DEFAULT_PRIORITY,
     ) -> SynthesisStream:
         """Like ``synthesize()`` in a voice cloned from ``prompt_wav`` (WAV bytes) and its transcript.
 
@@ -290,8 +299,11 @@ class TTSEngine:
         check_arguments(text, output_rate, speed)
         check_text_length(text, self._max_text_chars)
         prompt_text = check_zero_shot(self.backend_name, self._backend.supports_cloning, prompt_text)
+        priority = check_priority(priority)
         audio = decode_prompt_wav(prompt_wav)
-        return self._submit(text, "", output_rate, req_id, speed, check_instruct(instruct), audio, prompt_text)
+        return self._submit(
+            text, "", output_rate, req_id, speed, check_instruct(instruct), audio, prompt_text, priority=priority
+        )
 
     def _check_open(self) -> asyncio.AbstractEventLoop:
         if self._is_closed:
@@ -312,6 +324,7 @@ class TTSEngine:
         prompt_text: str = "",
         *,
         playback_ahead: float = 0.0,
+        priority: Priority = DEFAULT_PRIORITY,
     ) -> SynthesisStream:
         req_id = check_req_id(req_id, self._streams)
         if len(self._streams) >= self.max_pending_requests:
@@ -335,6 +348,7 @@ class TTSEngine:
         request = EngineRequest(
             req_id=req_id, text=text, voice=voice, speed=float(speed), output_rate=output_rate,
             stream=stream, credit=credit, instruct=instruct, prompt_audio=prompt_audio, prompt_text=prompt_text,
+            priority=priority,
         )  # fmt: skip
         self._streams[req_id] = stream
         self._num_submitted += 1

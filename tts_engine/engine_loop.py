@@ -1,9 +1,11 @@
 """The engine loop: the one thread that owns every backend call, composed into ``TTSEngine``.
 
 ``EngineLoop`` owns the backend, the ``Scheduler`` and the inbox, and runs in its own thread: it blocks
-on the inbox when the scheduler has no work, applies inbox commands, runs one step (schedule -> backend
-within the plan's budget -> drain aborts -> update -> batched post-processing -> delivery) and has the
-one way out (``_finish_requests``). Its public methods (``submit``, ``abort``, ``resume``, ``call``,
+on the inbox when the scheduler has no work, applies inbox commands, runs one step (schedule -> park or
+resume batch streams -> backend within the plan's budget -> drain aborts -> update -> batched
+post-processing -> delivery) and has the one way out (``_finish_requests``). A backend that
+``splits_steps`` hands the audio of a step's urgent lane out mid-step (``on_chunks``): it is
+post-processed and delivered at once, before the rest of the step's work runs. Its public methods (``submit``, ``abort``, ``resume``, ``call``,
 ``shutdown``) may be called from any thread: they only put a command in the inbox. Results reach the
 event loop only through ``loop.call_soon_threadsafe``: chunks and ends go to each request's
 ``SynthesisStream``, a ``call``'s outcome to ``on_call_done`` and the thread's end to ``on_stopped``
@@ -13,17 +15,18 @@ event loop only through ``loop.call_soon_threadsafe``: chunks and ends go to eac
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from tts_engine.backends.base import Backend, BackendStream
+from tts_engine.backends.base import Backend, BackendStream, SplitStepper
 from tts_engine.errors import EngineError, EngineOverloaded, SynthesisFailed
 from tts_engine.postprocess import postprocess_chunks
 from tts_engine.request import EngineRequest, RequestStatus
@@ -120,9 +123,10 @@ class EngineLoop:
         self.num_received = 0  # requests taken from the inbox
         self.counts = dict.fromkeys(
             ("requests_finished", "requests_failed", "requests_aborted", "chunks_total", "samples_total",
-             "steps_total", "step_streams_total"),
+             "steps_total", "step_streams_total", "chunks_early"),
             0,
         )  # fmt: skip
+        self.busy_seconds = 0.0  # time spent in steps (the engine's busy share: its rate of growth)
         self._is_shutting_down = False
         self.crash: BaseException | None = None
         # when the step under way began (time.monotonic()); None between steps. Read from the loop: a
@@ -185,11 +189,12 @@ class EngineLoop:
                 block = not scheduler.has_work()
                 self._process_inbox(block=block, timeout=scheduler.get_wait_timeout() if block else None)
                 if not self._is_shutting_down:
-                    self.step_started = time.monotonic()
+                    started = self.step_started = time.monotonic()
                     try:
                         self._step()
                     finally:
                         self.step_started = None
+                        self.busy_seconds += time.monotonic() - started
         except _LoopGone:
             logger.warning("event loop closed under the TTS engine; stopping its thread")
         except BaseException as exc:  # noqa: BLE001 - reported to every open stream, then the thread ends
@@ -264,8 +269,13 @@ class EngineLoop:
             waited = self.max_queue_wait_s
             error = EngineOverloaded(f"request {req_id} waited {waited} s for capacity and got none")
             self._finish_requests([req_id], RequestStatus.FINISHED_FAILED, error)
+        self._park_and_resume(plan)
         self._open_new(plan)
         scheduled = [r for r in plan.scheduled if not r.status.is_finished()]
+        if len(scheduled) != len(plan.scheduled) and plan.budget.lanes is not None:
+            lanes = plan.budget.lanes
+            kept = [lane for r, lane in zip(plan.scheduled, lanes, strict=True) if not r.status.is_finished()]
+            plan.budget = dataclasses.replace(plan.budget, lanes=tuple(kept))
         plan.scheduled = scheduled
         if not scheduled:
             return
@@ -274,9 +284,15 @@ class EngineLoop:
         try:
             streams = [_opened(r) for r in scheduled]
             budget = plan.budget  # passed only when it caps something: uncapped backends keep step(streams)
-            outputs: list[Any] = list(
-                self._backend.step(streams, budget) if budget.is_capped else self._backend.step(streams)
-            )
+            if self.scheduler.limits.splits_steps:
+                splitter = cast(SplitStepper, self._backend)  # its limits say so
+                outputs: list[Any] = list(
+                    splitter.step(streams, budget, on_chunks=lambda items: self._deliver_early(plan, items))
+                )
+            elif budget.is_capped:
+                outputs = list(self._backend.step(streams, budget))
+            else:
+                outputs = list(self._backend.step(streams))
             if len(outputs) != len(scheduled):
                 raise EngineError(f"backend returned {len(outputs)} results for {len(scheduled)} streams")
         except Exception as exc:  # noqa: BLE001 - the whole batch failed; the engine goes on
@@ -297,6 +313,30 @@ class EngineLoop:
                 pcm = exc
             if self._deliver_or_fail(request, pcm):
                 self._finish_requests([request.req_id], RequestStatus.FINISHED_STOPPED)
+
+    def _park_and_resume(self, plan: StepPlan) -> None:
+        """Batch streams give their capacity up (parked, state kept) or take it back; a failure fails that
+        request (which frees its capacity too)."""
+        for request, park in [(r, True) for r in plan.parked] + [(r, False) for r in plan.unparked]:
+            try:
+                stream = _opened(request)
+                if park and not self._backend.park(stream):
+                    raise EngineError(f"the {self.backend_name} backend could not park request {request.req_id}")
+                if not park:
+                    self._backend.unpark(stream)
+            except Exception as exc:  # noqa: BLE001 - fails this request only
+                self._finish_requests([request.req_id], RequestStatus.FINISHED_FAILED, exc)
+
+    def _deliver_early(self, plan: StepPlan, items: list[tuple[int, Any]]) -> None:
+        """Audio a backend handed out mid-step (its urgent lane): post-processed and delivered now."""
+        chunks = [
+            (plan.scheduled[i], chunk)
+            for i, chunk in items
+            if not plan.scheduled[i].status.is_finished() and not _is_empty(chunk)
+        ]
+        self.counts["chunks_early"] += len(chunks)
+        for (request, _), pcm in zip(chunks, postprocess_chunks(chunks), strict=True):
+            self._deliver_or_fail(request, pcm)
 
     def _open_new(self, plan: StepPlan) -> None:
         """Open the backend streams of the requests admitted this step; a failure fails that request."""
@@ -319,6 +359,8 @@ class EngineLoop:
     def _deliver(self, request: EngineRequest, pcm: np.ndarray) -> None:
         if pcm.size == 0:
             return  # the resampler is still filling its window
+        if request.first_chunk_step is None:
+            request.first_chunk_step = self.scheduler.num_step_calls
         request.num_chunks += 1
         request.credit.num_produced += 1
         self.counts["chunks_total"] += 1

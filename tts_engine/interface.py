@@ -11,6 +11,12 @@ synthesises at); ``synthesize(output_rate=)`` is the rate the caller wants its s
 resamples); ``SpeechStream.sample_rate`` is the rate of that stream's samples (its request's output
 rate). ``OUTPUT_RATES`` is the one list of output rates the engine serves.
 
+Priority classes (``synthesize(priority=)``, ``PRIORITIES``): ``"device"`` (a device's live turn: the
+gateway's speaker), ``"interactive"`` (the default: an API client waiting on its stream) and ``"batch"``
+(work nobody listens to live). The engine's scheduler admits and ranks by class first, then by playback
+slack; a batch request only takes capacity the others leave free, yields its hops to a listener waiting
+for first audio, and is parked (its state kept) when a higher class needs its KV slot (docs/engine-workers.md).
+
 ``EngineInfo`` is what an engine is (backend, native rate, cloning, text normalisation, its limits):
 built once by ``TTSEngine`` from its backend, sent in a worker's ``hello``, and read back by the
 ``EngineClient``; both engines' ``health()`` start from it.
@@ -21,7 +27,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from types import TracebackType
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -30,6 +36,12 @@ from tts_engine.voices import VoicePreset
 OUTPUT_RATES: tuple[int, ...] = (8000, 12000, 16000, 22050, 24000, 44100, 48000)
 """Every rate ``synthesize(output_rate=)`` takes (the API's ``sample_rate`` and the device downlink's
 ``audio.output_sample_rate`` are checked against this list or a subset of it)."""
+
+
+Priority = Literal["device", "interactive", "batch"]
+PRIORITIES: tuple[Priority, ...] = ("device", "interactive", "batch")
+"""The engine's priority classes, highest first (``synthesize(priority=)``)."""
+DEFAULT_PRIORITY: Priority = "interactive"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -136,8 +148,10 @@ class SpeechEngine(Protocol):
         speed: float = 1.0,
         instruct: str | None = None,
         playback_ahead: float = 0.0,
+        priority: Priority = DEFAULT_PRIORITY,
     ) -> SpeechStream:
-        """Queue ``text`` in ``voice`` (None: the default); returns its stream at once."""
+        """Queue ``text`` in ``voice`` (None: the default); returns its stream at once. ``priority``: one
+        of ``PRIORITIES`` (ValueError otherwise)."""
         ...
 
     def synthesize_zero_shot(
@@ -150,6 +164,7 @@ class SpeechEngine(Protocol):
         speed: float = 1.0,
         req_id: str | None = None,
         instruct: str | None = None,
+        priority: Priority = DEFAULT_PRIORITY,
     ) -> SpeechStream:
         """Like ``synthesize()`` in a voice cloned from ``prompt_wav`` for this request only."""
         ...

@@ -27,6 +27,7 @@ import torch
 
 from tts_engine.backends.base import BackendStream
 from tts_engine.errors import EngineError
+from tts_engine.interface import DEFAULT_PRIORITY, PRIORITIES, Priority
 from tts_engine.resample import StreamingResampler
 from tts_engine.voices import PromptAudio
 
@@ -92,11 +93,24 @@ class EngineRequest:
     instruct: str | None = None  # style instruction (backends with supports_instruct only)
     prompt_audio: PromptAudio | None = None  # one-off zero-shot prompt recording (synthesize_zero_shot)
     prompt_text: str = ""  # transcript of prompt_audio
+    priority: Priority = DEFAULT_PRIORITY  # its class: device, interactive or batch (tts_engine/interface.py)
     status: RequestStatus = RequestStatus.WAITING
     arrival_time: float = field(default_factory=time.monotonic)
+    arrival_step: int = 0  # the scheduler's step count when it arrived
+    first_chunk_step: int | None = None  # ... when its first chunk was handed out (None: not yet)
     backend_stream: BackendStream | None = None
     resampler: StreamingResampler | None = None
     num_chunks: int = 0  # chunks handed to the loop
+    parked: bool = False  # a batch request parked by the scheduler: holds no capacity, does not run
+
+    @property
+    def rank(self) -> int:
+        """Its class as a number, 0 the highest (``PRIORITIES``' order)."""
+        return PRIORITIES.index(self.priority)
+
+    @property
+    def is_batch(self) -> bool:
+        return self.priority == "batch"
 
     def to_pcm(self, chunk: Any) -> np.ndarray:
         """One backend chunk as int16 at the requested rate (empty while the resampler fills up)."""
@@ -146,6 +160,8 @@ class SynthesisStream:
         """No more chunks will arrive (the buffered ones can still be read)."""
         self.is_aborted = False
         self._defer_credit = False
+        self.first_chunk_at: float | None = None
+        """When its first chunk reached this stream (``time.monotonic()``), read or not; None before."""
 
     @property
     def playback_ahead(self) -> float:
@@ -198,6 +214,8 @@ class SynthesisStream:
         """A chunk the engine thread made (and counted as produced)."""
         if self.is_finished:
             return  # aborted or closed meanwhile: its chunks are never delivered
+        if self.first_chunk_at is None:
+            self.first_chunk_at = time.monotonic()
         self._chunks.append(chunk)
         self._wake()
 

@@ -176,6 +176,8 @@ class EngineSettings(_Section):
     flow_cache_warm: bool = True  # a voice's prompt chunks are computed when it is added, not at first use
     # streaming: the closing flow call keeps the chunk mask
     final_pass: Literal["exact", "streaming"] = "exact"
+    # slack: urgent hops first and handed out early, comfortable ones after or later; together: one batch
+    step_order: Literal["slack", "together"] = "slack"
 
 
 @dataclass(frozen=True, kw_only=True)

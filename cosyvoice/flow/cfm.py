@@ -16,6 +16,7 @@ Tensors are [B, T, 80] (time-major). The Euler state and the result are fp32 wha
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -140,6 +141,26 @@ class CausalCFM(nn.Module):
         padded frames are masked as keys and the conv positional embedding is causal, so valid frames see
         the same inputs (including noise frames 0..T-1) and the result is cut back to T.
         """
+        state = self.begin(
+            mu, cond, spk, lengths, streaming, n_timesteps=n_timesteps, cfg_rate=cfg_rate, temperature=temperature
+        )
+        self.advance(state)
+        return state.result()
+
+    def begin(
+        self,
+        mu: Tensor,
+        cond: Tensor,
+        spk: Tensor,
+        lengths: Sequence[int],
+        streaming: Sequence[bool],
+        *,
+        n_timesteps: int = 10,
+        cfg_rate: float | None = None,
+        temperature: float = 1.0,
+    ) -> EulerSolve:
+        """:meth:`solve` as a resumable state: nothing integrated yet (:meth:`advance` it, read
+        ``result()``). The same operations in the same order as :meth:`solve`, however it is sliced."""
         batch, seq_len, mel_dim = mu.shape
         if cond.shape != mu.shape or spk.shape[0] != batch or spk.dim() != 2:
             raise FlowInputError(
@@ -179,11 +200,56 @@ class CausalCFM(nn.Module):
             spk_in = torch.cat((spk_in, torch.zeros_like(spk_in)))  # [2B, 80]
 
         x = (self.noise_frames(seq_len, device) * temperature).expand(batch, seq_len, mel_dim)  # [B, T, 80]
-        for step in range(n_timesteps):
+        return EulerSolve(
+            x=x, mu=mu_in, cond=cond_in, spk=spk_in, mask=mask, rope=rope, modulation=modulation, dts=dts,
+            rate=rate, n_timesteps=n_timesteps, out_len=out_len,
+        )  # fmt: skip
+
+    def advance(self, state: EulerSolve, steps: int | None = None) -> bool:
+        """Run the next ``steps`` Euler steps of ``state`` (None: all that are left); True once done."""
+        dit = self.estimator
+        dtype = dit.modulation.weight.dtype
+        end = state.n_timesteps if steps is None else min(state.n_timesteps, state.step + steps)
+        guided = state.rate != 0.0
+        batch = state.x.shape[0]
+        x = state.x
+        for step in range(state.step, end):
             x_in = torch.cat((x, x)) if guided else x  # [copies * B, T, 80]
-            v = dit(x_in.to(dtype), mu_in, cond_in, spk_in, modulation[step : step + 1], rope, mask).float()
+            v = dit(
+                x_in.to(dtype), state.mu, state.cond, state.spk, state.modulation[step : step + 1], state.rope,
+                state.mask,
+            ).float()  # fmt: skip
             if guided:
                 v_cond, v_uncond = v.split(batch)  # each [B, T, 80]
-                v = (1.0 + rate) * v_cond - rate * v_uncond
-            x = x + dts[step] * v
-        return x[:, :out_len].float()
+                v = (1.0 + state.rate) * v_cond - state.rate * v_uncond
+            x = x + state.dts[step] * v
+        state.x, state.step = x, end
+        return state.done
+
+
+@dataclass(eq=False)
+class EulerSolve:
+    """A solve under way (:meth:`CausalCFM.begin`): the Euler state and what every step reads."""
+
+    x: Tensor  # [B, T, 80] fp32 after ``step`` steps
+    mu: Tensor
+    cond: Tensor
+    spk: Tensor
+    mask: Tensor | None
+    rope: tuple[Tensor, Tensor]
+    modulation: Tensor
+    dts: Tensor
+    rate: float
+    n_timesteps: int
+    out_len: int
+    step: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.n_timesteps
+
+    def result(self) -> Tensor:
+        """The mel [B, T, 80] fp32 once every step ran."""
+        if not self.done:
+            raise FlowInputError(f"solve read after {self.step} of {self.n_timesteps} steps")
+        return self.x[:, : self.out_len].float()

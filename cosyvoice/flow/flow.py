@@ -25,13 +25,14 @@ streaming=True, finalize=False)[:, :, 2 * offset:]``; the closing call uses stre
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cfm import CausalCFM
+from .cfm import CausalCFM, EulerSolve
 from .chunk_cache import FlowRowCache
 from .config import CFMConfig, FlowConfig
 from .dit import DiT
@@ -205,6 +206,79 @@ class Flow(nn.Module):
         frames of row b are not needed by the caller (they are returned as zeros when a cache let the
         row skip them). Results equal the uncached call up to floating point rounding.
         """
+        prep = self._prepare(
+            token, token_len, prompt_token, prompt_token_len, prompt_feat, prompt_feat_len, embedding, streaming,
+            finalize,
+        )  # fmt: skip
+        steps = self.cfg.n_timesteps if n_timesteps is None else n_timesteps
+        feat = None
+        if caches is not None:
+            skip = [0] * prep.batch if skip_frames is None else _row_ints(skip_frames, prep.batch, "skip_frames")
+            feat = solve_with_caches(
+                self.decoder, self.cfg, prep.mu, prep.cond, prep.spk, prep.frames, prep.stream, prep.fin,
+                prep.p_len, prep.f_len, list(caches), skip, n_timesteps=steps, cfg_rate=cfg_rate,
+                temperature=temperature,
+            )  # fmt: skip
+        if feat is None:
+            feat = self.decoder.solve(
+                prep.mu, prep.cond, prep.spk, prep.frames, prep.stream, n_timesteps=steps, cfg_rate=cfg_rate,
+                temperature=temperature,
+            )  # [B, T, 80] fp32
+        return self._output(prep, feat)
+
+    @torch.inference_mode()
+    def begin_inference(
+        self,
+        token: Tensor,
+        token_len: Tensor | Sequence[int],
+        prompt_token: Tensor,
+        prompt_token_len: Tensor | Sequence[int],
+        prompt_feat: Tensor,
+        prompt_feat_len: Tensor | Sequence[int],
+        embedding: Tensor,
+        streaming: bool | Tensor | Sequence[bool] = False,
+        finalize: bool | Tensor | Sequence[bool] = True,
+        n_timesteps: int | None = None,
+        cfg_rate: float | None = None,
+        temperature: float = 1.0,
+    ) -> FlowSolve:
+        """:meth:`inference` without caches as a resumable solve: :meth:`advance_inference` runs its Euler
+        steps a few at a time (another request's work can go between them), :meth:`finish_inference`
+        gives the mel. The same operations as one :meth:`inference` call without caches."""
+        prep = self._prepare(
+            token, token_len, prompt_token, prompt_token_len, prompt_feat, prompt_feat_len, embedding, streaming,
+            finalize,
+        )  # fmt: skip
+        steps = self.cfg.n_timesteps if n_timesteps is None else n_timesteps
+        euler = self.decoder.begin(
+            prep.mu, prep.cond, prep.spk, prep.frames, prep.stream, n_timesteps=steps, cfg_rate=cfg_rate,
+            temperature=temperature,
+        )  # fmt: skip
+        return FlowSolve(prep, euler)
+
+    @torch.inference_mode()
+    def advance_inference(self, solve: FlowSolve, steps: int | None = None) -> bool:
+        """Run ``steps`` more Euler steps of ``solve`` (None: the rest); True once it is done."""
+        return self.decoder.advance(solve.euler, steps)
+
+    @torch.inference_mode()
+    def finish_inference(self, solve: FlowSolve) -> Tensor:
+        """The mel [B, 80, M_max] of a done solve, as :meth:`inference` returns it."""
+        return self._output(solve.prep, solve.euler.result())
+
+    def _prepare(
+        self,
+        token: Tensor,
+        token_len: Tensor | Sequence[int],
+        prompt_token: Tensor,
+        prompt_token_len: Tensor | Sequence[int],
+        prompt_feat: Tensor,
+        prompt_feat_len: Tensor | Sequence[int],
+        embedding: Tensor,
+        streaming: bool | Tensor | Sequence[bool],
+        finalize: bool | Tensor | Sequence[bool],
+    ) -> _Prepared:
+        """Checks, then the solve's inputs (mu, cond, spk) and what the output gather needs."""
         cfg = self.cfg
         if token.dim() != 2 or prompt_token.dim() != 2 or token.shape[0] != prompt_token.shape[0]:
             raise FlowInputError(
@@ -279,21 +353,43 @@ class Flow(nn.Module):
         out_len = [t - f for t, f in zip(frames, f_len, strict=True)]
         out_pos = torch.arange(max(out_len), device=device).unsqueeze(0)  # [1, Mmax]
         out_valid = (out_pos < torch.tensor(out_len, device=device)[:, None])[:, :, None]  # [B, Mmax, 1]
-        steps = cfg.n_timesteps if n_timesteps is None else n_timesteps
-        feat = None
-        if caches is not None:
-            skip = [0] * batch if skip_frames is None else _row_ints(skip_frames, batch, "skip_frames")
-            feat = solve_with_caches(
-                self.decoder, cfg, mu, cond, spk, frames, stream, fin, p_len, f_len, list(caches), skip,
-                n_timesteps=steps, cfg_rate=cfg_rate, temperature=temperature,
-            )  # fmt: skip
-        if feat is None:
-            feat = self.decoder.solve(
-                mu, cond, spk, frames, stream, n_timesteps=steps, cfg_rate=cfg_rate, temperature=temperature
-            )  # [B, T, 80] fp32
+        return _Prepared(
+            batch=batch, mu=mu, cond=cond, spk=spk, frames=frames, stream=stream, fin=fin, p_len=p_len,
+            f_len=f_len, out_pos=out_pos, out_valid=out_valid, f_b=f_b, t_max=t_max,
+        )  # fmt: skip
 
-        # Row b's output is frames F_b .. frames_b - 1: [B, Mmax, 80] by one gather, zero past M_b.
-        index = (out_pos + f_b).clamp(max=t_max - 1)  # [B, Mmax]
-        mel = feat.gather(1, index.unsqueeze(-1).expand(-1, -1, cfg.mel_dim))  # [B, Mmax, 80]
-        mel = torch.where(out_valid, mel, torch.zeros((), device=device, dtype=mel.dtype))
+    def _output(self, prep: _Prepared, feat: Tensor) -> Tensor:
+        """Row b's output is frames F_b .. frames_b - 1: [B, 80, Mmax] by one gather, zero past M_b."""
+        index = (prep.out_pos + prep.f_b).clamp(max=prep.t_max - 1)  # [B, Mmax]
+        mel = feat.gather(1, index.unsqueeze(-1).expand(-1, -1, self.cfg.mel_dim))  # [B, Mmax, 80]
+        mel = torch.where(prep.out_valid, mel, torch.zeros((), device=mel.device, dtype=mel.dtype))
         return mel.transpose(1, 2).contiguous()  # [B, 80, Mmax]
+
+
+@dataclass(frozen=True, eq=False)
+class _Prepared:
+    batch: int
+    mu: Tensor  # [B, T, 80]
+    cond: Tensor  # [B, T, 80]
+    spk: Tensor  # [B, 80]
+    frames: list[int]
+    stream: list[bool]
+    fin: list[bool]
+    p_len: list[int]
+    f_len: list[int]
+    out_pos: Tensor  # [1, Mmax]
+    out_valid: Tensor  # [B, Mmax, 1]
+    f_b: Tensor  # [B, 1]
+    t_max: int
+
+
+@dataclass(frozen=True, eq=False)
+class FlowSolve:
+    """A flow call under way (:meth:`Flow.begin_inference`)."""
+
+    prep: _Prepared
+    euler: EulerSolve
+
+    @property
+    def done(self) -> bool:
+        return self.euler.done

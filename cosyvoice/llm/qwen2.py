@@ -223,14 +223,18 @@ class Qwen2Attention(nn.Module):
         cache_v[plan.slots[:, None], :, plan.write_pos] = v.to(cache_v.dtype)
         keys = cache_k[plan.slots, :, : plan.kv_len]  # [B, nkv, K, hd]
         values = cache_v[plan.slots, :, : plan.kv_len]  # [B, nkv, K, hd]
+        # Grouped-query attention in the grouped layout: query head h reads kv head h // groups, so the
+        # groups query heads of one kv head go side by side on the query axis, [B, nkv, groups * T, hd],
+        # and every kv head is read once as it is (no copy of the keys and values per query head).
         groups = self.num_heads // self.num_kv_heads
-        if groups > 1:  # query head h reads kv head h // groups
-            shape = (b, self.num_kv_heads, groups, plan.kv_len, self.head_dim)
-            keys = keys[:, :, None].expand(shape).reshape(b, self.num_heads, plan.kv_len, self.head_dim)
-            values = values[:, :, None].expand(shape).reshape(b, self.num_heads, plan.kv_len, self.head_dim)
+        q = q.reshape(b, self.num_kv_heads, groups * t, self.head_dim)  # rows (g, t) of each kv head
+        mask = plan.mask  # [B, 1, T, K]; one query position (decode) broadcasts over the groups
+        if groups > 1 and t > 1:
+            mask = mask.repeat(1, 1, groups, 1)  # [B, 1, groups * T, K], row g * T + t is position t's
         out = F.scaled_dot_product_attention(
-            q, keys.to(q.dtype), values.to(q.dtype), attn_mask=plan.mask, scale=1.0 / math.sqrt(self.head_dim)
-        )  # [B, nh, T, hd]
+            q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim)
+        )  # [B, nkv, groups * T, hd]
+        out = out.view(b, self.num_heads, t, self.head_dim)  # [B, nh, T, hd]
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))  # [B, T, H]
 
 

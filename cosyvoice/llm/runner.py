@@ -41,6 +41,15 @@ def sampling_from_config(config: SamplingConfig) -> tuple[RasParams, LengthRule]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class KVSwap:
+    """A parked request's cache positions in host memory (one [kv heads, length, head dim] per layer)."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    length: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class StepOutput:
     token: int | None  # the emitted speech token, None when the request stopped without one
     to_flow: bool  # False when the silent-token filter withholds the token from the flow
@@ -75,6 +84,7 @@ class LLMRequest:
         self.flow_tokens: list[int] = []  # out_tokens after the silent-token filter
         self.silent_filter = SilentTokenFilter() if silent_filter is None else silent_filter
         self.slot: int | None = None
+        self.swapped: KVSwap | None = None  # its cache in host memory while parked (LLMRunner.swap_out)
         self.finished = False
         self.stop_token: int | None = None  # the stop id that ended it, if any
 
@@ -182,7 +192,37 @@ class LLMRunner:
     def abort(self, request: LLMRequest) -> None:
         """Finish ``request`` now and release its slot (no-op when already released)."""
         request.finished = True
+        request.swapped = None
         self._release(request)
+
+    def swap_out(self, request: LLMRequest) -> None:
+        """Copy ``request``'s cache positions to host memory and free its slot (a parked request; no-op
+        without a slot). :meth:`swap_in` puts them back, so its generation goes on exactly where it was."""
+        slot = request.slot
+        if slot is None or request.swapped is not None:
+            return
+        n = self.cache.length(slot)
+        request.swapped = KVSwap(
+            keys=[k[slot, :, :n].to("cpu", copy=True) for k in self.cache.keys],
+            values=[v[slot, :, :n].to("cpu", copy=True) for v in self.cache.values],
+            length=n,
+        )
+        self._release(request)
+
+    def swap_in(self, request: LLMRequest) -> None:
+        """Give a swapped-out request a free slot holding its cache positions again (no-op otherwise)."""
+        swap = request.swapped
+        if swap is None:
+            return
+        slot = self.cache.allocate()
+        try:
+            for cache, saved in zip(self.cache.keys + self.cache.values, swap.keys + swap.values, strict=True):
+                cache[slot, :, : swap.length].copy_(saved)
+        except Exception:
+            self.cache.free(slot)
+            raise
+        self.cache._set_length(slot, swap.length)
+        request.slot, request.swapped = slot, None
 
     def _sample(self, requests: Sequence[LLMRequest], hidden: torch.Tensor) -> list[StepOutput]:
         logp = self.model.speech_logp(hidden).cpu()  # [B, V], the step's one device->host copy

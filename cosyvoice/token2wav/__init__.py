@@ -4,10 +4,11 @@
 from cosyvoice.token2wav.stream import (
     HopJob,
     HopSchedule,
+    PendingClosing,
     SpeakerPrompt,
     Token2Wav,
     Token2WavError,
     Token2WavStream,
 )
 
-__all__ = ["HopJob", "HopSchedule", "SpeakerPrompt", "Token2Wav", "Token2WavError", "Token2WavStream"]
+__all__ = ["HopJob", "HopSchedule", "PendingClosing", "SpeakerPrompt", "Token2Wav", "Token2WavError", "Token2WavStream"]

@@ -32,6 +32,7 @@ import torch
 from cosyvoice.config import CosyVoice3Config, load_config
 from cosyvoice.flow import Flow
 from cosyvoice.flow.chunk_cache import FlowCacheManager
+from cosyvoice.flow.flow import FlowSolve
 from cosyvoice.hift import CausalHift
 from cosyvoice.hift.stream import HiftStreamState, vocode_streams
 from cosyvoice.pretrained import load_flow, load_hift
@@ -39,6 +40,7 @@ from cosyvoice.pretrained import load_flow, load_hift
 __all__ = [
     "HopJob",
     "HopSchedule",
+    "PendingClosing",
     "SpeakerPrompt",
     "Token2Wav",
     "Token2WavError",
@@ -310,7 +312,45 @@ class Token2Wav:
             job.stream._apply(job, mel)
         return vocode_streams(self.hift, [job.stream.vocoder for job in jobs], [job.finalize for job in jobs])
 
+    # -- an exact closing call in slices (the engine runs other streams' work between them) ----------
+
+    @torch.inference_mode()
+    def begin_closing(self, job: HopJob) -> PendingClosing:
+        """``job``, an exact closing call (``finalize``, full attention), as a flow solve to advance a few
+        Euler steps at a time (:meth:`advance_closing`) and then vocode (:meth:`finish_closing`): the same
+        operations as ``run([job])``, so the same samples, however it is sliced."""
+        if not job.finalize or job.streaming:
+            raise Token2WavError("only an exact closing call (finalize, not streaming) runs in slices")
+        if job.stream.owner is not self or job.stream.next_job() != job:
+            raise Token2WavError("stale job: the stream's state changed since next_job()")
+        args = self._flow_args([job])
+        return PendingClosing(job, self.flow.begin_inference(**args))
+
+    def advance_closing(self, pending: PendingClosing, steps: int | None = None) -> bool:
+        """Run ``steps`` more of its Euler steps (None: the rest); True once its flow is done."""
+        return self.flow.advance_inference(pending.solve, steps)
+
+    @torch.inference_mode()
+    def finish_closing(self, pending: PendingClosing) -> torch.Tensor:
+        """Vocode a done closing call; its stream's last samples."""
+        if pending.job.stream.next_job() != pending.job:
+            raise Token2WavError("stale job: the stream's state changed since begin_closing()")
+        mel = self.flow.finish_inference(pending.solve)
+        [new_mel] = self._cut(mel, [pending.job])
+        pending.job.stream._apply(pending.job, new_mel)
+        return vocode_streams(self.hift, [pending.job.stream.vocoder], [True])[0]
+
     def _flow_batch(self, jobs: Sequence[HopJob]) -> list[torch.Tensor]:
+        caches = [job.stream.flow_cache for job in jobs] if any(j.stream.flow_cache for j in jobs) else None
+        # Host tensors: the flow checks the ids on the host and copies them to its device itself.
+        mel = self.flow.inference(
+            **self._flow_args(jobs),
+            caches=caches,
+            skip_frames=[self.token_mel_ratio * job.token_offset for job in jobs],
+        )  # [B, 80, M]
+        return self._cut(mel, jobs)
+
+    def _flow_args(self, jobs: Sequence[HopJob]) -> dict:
         prompts = [job.stream.prompt for job in jobs]
         batch = len(jobs)
         n_max = max(job.num_tokens for job in jobs)
@@ -324,22 +364,29 @@ class Token2Wav:
             prompt_token[b, : p_lens[b]] = prompt.prompt_token
             prompt_feat[b, : f_lens[b]] = prompt.prompt_feat
         embedding = torch.stack([p.embedding.float().cpu() for p in prompts])  # [B, 192]
-        finals = [job.finalize for job in jobs]
-        token_lens = [job.num_tokens for job in jobs]
-        # Host tensors: the flow checks the ids on the host and copies them to its device itself.
-        mel = self.flow.inference(
-            token,
-            token_lens,
-            prompt_token,
-            p_lens,
-            prompt_feat,
-            f_lens,
-            embedding,
-            streaming=[job.streaming for job in jobs],
-            finalize=finals,
-            caches=[job.stream.flow_cache for job in jobs] if any(j.stream.flow_cache for j in jobs) else None,
-            skip_frames=[self.token_mel_ratio * job.token_offset for job in jobs],
-        )  # [B, 80, M]
-        lens = self.flow.mel_lengths(token_lens, p_lens, f_lens, finals)
+        return {
+            "token": token, "token_len": [job.num_tokens for job in jobs], "prompt_token": prompt_token,
+            "prompt_token_len": p_lens, "prompt_feat": prompt_feat, "prompt_feat_len": f_lens,
+            "embedding": embedding, "streaming": [job.streaming for job in jobs],
+            "finalize": [job.finalize for job in jobs],
+        }  # fmt: skip
+
+    def _cut(self, mel: torch.Tensor, jobs: Sequence[HopJob]) -> list[torch.Tensor]:
+        """Each job's new frames [1, 80, m] of a flow call's mel [B, 80, M] (after 2 * token_offset)."""
+        p_lens = [int(job.stream.prompt.prompt_token.shape[0]) for job in jobs]
+        f_lens = [int(job.stream.prompt.prompt_feat.shape[0]) for job in jobs]
+        lens = self.flow.mel_lengths([job.num_tokens for job in jobs], p_lens, f_lens, [j.finalize for j in jobs])
         ratio = self.token_mel_ratio
         return [mel[b : b + 1, :, ratio * job.token_offset : lens[b]] for b, job in enumerate(jobs)]
+
+
+@dataclass(eq=False)
+class PendingClosing:
+    """An exact closing call under way (:meth:`Token2Wav.begin_closing`)."""
+
+    job: HopJob
+    solve: FlowSolve
+
+    @property
+    def done(self) -> bool:
+        return self.solve.done

@@ -26,13 +26,14 @@ from gateway.engine_client.workers import WorkerSlot
 from tts_engine.arguments import (
     check_arguments,
     check_instruct,
+    check_priority,
     check_req_id,
     check_text_length,
     check_zero_shot,
     resolve_voice,
 )
 from tts_engine.errors import EngineClosed, EngineError, EngineOverloaded, EngineUnavailable
-from tts_engine.interface import EngineInfo
+from tts_engine.interface import DEFAULT_PRIORITY, EngineInfo, Priority
 from tts_engine.request import SynthesisStream
 from tts_engine.voices import VoiceError, VoicePreset, decode_prompt_wav
 from tts_engine.worker import frames as f
@@ -218,12 +219,14 @@ class EngineClient:
         speed: float = 1.0,
         instruct: str | None = None,
         playback_ahead: float = 0.0,
+        priority: Priority = DEFAULT_PRIORITY,
     ) -> SynthesisStream:
         """Like ``TTSEngine.synthesize()``: queued on the worker with the most free capacity."""
         check_arguments(text, output_rate, speed)
         check_text_length(text, self.max_text_chars)
         message = f.Synth(id="", text=text, voice=self.resolve_voice(voice), rate=output_rate, speed=float(speed),
-                          instruct=check_instruct(instruct), ahead=float(playback_ahead))  # fmt: skip
+                          instruct=check_instruct(instruct), ahead=float(playback_ahead),
+                          priority=check_priority(priority))  # fmt: skip
         return self._submit(message, req_id)
 
     def synthesize_zero_shot(
@@ -236,13 +239,15 @@ class EngineClient:
         speed: float = 1.0,
         req_id: str | None = None,
         instruct: str | None = None,
+        priority: Priority = DEFAULT_PRIORITY,
     ) -> SynthesisStream:
         check_arguments(text, output_rate, speed)
         check_text_length(text, self.max_text_chars)
         prompt_text = check_zero_shot(self.backend_name, self.supports_cloning, prompt_text)
         decode_prompt_wav(prompt_wav)  # a bad recording is refused here, as in process
         message = f.Synth(id="", text=text, rate=output_rate, speed=float(speed), instruct=check_instruct(instruct),
-                          prompt_wav=bytes(prompt_wav), prompt_text=prompt_text)  # fmt: skip
+                          prompt_wav=bytes(prompt_wav), prompt_text=prompt_text,
+                          priority=check_priority(priority))  # fmt: skip
         return self._submit(message, req_id)
 
     def _submit(self, message: f.Synth, req_id: str | None) -> SynthesisStream:

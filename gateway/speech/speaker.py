@@ -132,7 +132,7 @@ class Speaker:
                 try:
                     ahead = self._ahead_of(tuple(self._queued))
                     stream = self._engine.synthesize(
-                        text, voice=voice, output_rate=self._rate, playback_ahead=ahead
+                        text, voice=voice, output_rate=self._rate, playback_ahead=ahead, priority="device"
                     )
                     self._sent_ahead[stream] = (ahead, time.monotonic())
                 except (EngineError, ValueError) as exc:
@@ -215,7 +215,9 @@ class Speaker:
         stream: SpeechStream | None = phrases.stream(apology, self._voice_now()) if phrases else None
         if stream is None:
             try:
-                stream = self._engine.synthesize(apology, voice=self._voice_now(), output_rate=self._rate)
+                stream = self._engine.synthesize(
+                    apology, voice=self._voice_now(), output_rate=self._rate, priority="device"
+                )
             except (EngineError, ValueError) as exc:
                 log.warning("the apology could not be synthesised either: %s", exc)
                 stream = phrases.any_voice(apology) if phrases else None

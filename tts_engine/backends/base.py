@@ -12,6 +12,13 @@ the per-step row caps; the engine's scheduler counts against them and hands each
 ``StepBudget`` that ``step()`` obeys (tts_engine/budget.py). ``memory_stats()`` reports the backend's
 memory plan and use.
 
+A backend whose limits say ``splits_steps`` gets the budget's ``lanes`` and an ``on_chunks`` keyword:
+``step(streams, budget, on_chunks=callback)`` runs the urgent lane's audio work first and hands its
+chunks out through ``callback([(index, chunk), ...])`` before the rest runs (those streams' entries in the
+returned list then carry an empty chunk, or ``None`` once they are done). One whose limits say
+``can_park`` implements ``park()``/``unpark()``: a parked stream holds none of ``max_streams`` and is not
+stepped until it is resumed, with its state intact (the scheduler parks batch streams for higher classes).
+
 Voices: ``voices()`` names the built-in ones. A backend that can clone (``supports_cloning``) also takes
 presets at run time through ``add_voice()``/``remove_voice()`` and one-off prompt recordings through
 ``open_zero_shot_stream()``. ``instruct`` (a style instruction, CosyVoice's instruct mode) reaches
@@ -21,7 +28,8 @@ presets at run time through ``add_voice()``/``remove_voice()`` and one-off promp
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -31,6 +39,18 @@ from tts_engine.voices import VoiceError
 
 if TYPE_CHECKING:
     from tts_engine.voices import PromptAudio, VoicePreset
+
+
+ChunkSink = Callable[[list[tuple[int, Any]]], None]
+"""``on_chunks``: audio handed out mid-step, as (index in the step's streams, chunk)."""
+
+
+class SplitStepper(Protocol):
+    """The ``step()`` of a backend whose limits say ``splits_steps``."""
+
+    def step(
+        self, streams: list[BackendStream], budget: StepBudget, *, on_chunks: ChunkSink
+    ) -> list[np.ndarray | None | BaseException]: ...
 
 
 class BackendStream(ABC):
@@ -126,6 +146,14 @@ class Backend(ABC):
             except Exception as exc:  # noqa: BLE001 - one stream's failure must not stop the others
                 results.append(exc)
         return results
+
+    def park(self, stream: BackendStream) -> bool:
+        """Release ``stream``'s share of ``max_streams`` keeping its state (only with ``can_park``); False
+        when it cannot (the stream keeps its share)."""
+        return False
+
+    def unpark(self, stream: BackendStream) -> None:  # noqa: B027 - with park()
+        """Take a parked stream's share back; it is stepped again from where it stopped."""
 
     def wake(self) -> None:  # noqa: B027 - optional hook
         """The engine has a new command (request, abort, ...). Called from any thread; a backend whose

@@ -58,7 +58,8 @@ class Auth(Frame):
 @frame("synth")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Synth(Frame):
-    """A request: ``voice``, or a zero-shot prompt (``prompt_wav`` WAV bytes + ``prompt_text``)."""
+    """A request: ``voice``, or a zero-shot prompt (``prompt_wav`` WAV bytes + ``prompt_text``); ``priority``
+    device, interactive (also when absent) or batch."""
 
     id: str
     text: str
@@ -69,6 +70,7 @@ class Synth(Frame):
     ahead: float = 0.0  # the listener's playback credit in seconds, as of now
     prompt_wav: bytes | None = None
     prompt_text: str = ""
+    priority: str = "interactive"  # the engine's class (tts_engine/interface.py PRIORITIES)
 
 
 @frame("credit")

@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from tts_engine.arguments import check_priority
 from tts_engine.engine import TTSEngine
 from tts_engine.request import SynthesisStream
 from tts_engine.voices import VoicePreset, check_voice_name
@@ -294,6 +295,7 @@ class _Connection:
             "speed": synth.speed,
             "instruct": synth.instruct,
             "req_id": f"{id(self):x}-{req_id}",
+            "priority": check_priority(synth.priority),
         }
         if synth.prompt_wav is not None:
             stream = self.engine.synthesize_zero_shot(

@@ -48,14 +48,15 @@ docs/gpu-sharing.md says how far).
 (``cosyvoice.token2wav.compile``; the first hops of each shape class pay the compile).
 
 Benchmarks: ``fixed_llm_tokens=N`` makes every text segment generate exactly N speech tokens (stop
-tokens masked until N, stop at N), so random weights do the work of real speech.
+tokens masked until N, stop at N), so random weights do the work of real speech; a callable gives each
+segment's N from its text (scripts/bench_traffic.py: about as long as the text takes to say).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ import torch
 from cosyvoice.flow.chunk_cache import FlowCacheManager
 from cosyvoice.flow.errors import FlowError
 from cosyvoice.frontend.speaker import SpeakerError
-from cosyvoice.llm import LLMInputError
+from cosyvoice.llm import LLMInputError, LLMRunner
 from cosyvoice.model import CosyVoice3
 from cosyvoice.text.prompt import TextError, prepare_tts_texts
 from tts_engine.backends.base import Backend
@@ -84,14 +85,14 @@ from tts_engine.backends.cosyvoice.runtime import (
     make_runner,
     plan_memory,
 )
-from tts_engine.backends.cosyvoice.step import BatchedStep
+from tts_engine.backends.cosyvoice.step import HOP_KINDS, STEP_ORDERS, BatchedStep
 from tts_engine.backends.cosyvoice.voices import (
     PreparedVoice,
     model_fingerprint,
     prepare_record,
     preset_record,
 )
-from tts_engine.budget import BackendLimits, StepBudget
+from tts_engine.budget import BackendLimits, Lane, StepBudget
 from tts_engine.errors import EngineError
 from tts_engine.memory import MemoryBudget, MemoryPlan, module_bytes
 from tts_engine.voices import PromptAudio, VoiceError, VoicePreset
@@ -104,6 +105,7 @@ SAMPLE_RATE = 24000
 DEFAULT_MAX_BATCH = 16
 DEFAULT_MAX_LLM_LEN = 4096
 DEFAULT_MAX_TEXT_CHARS = 2000
+_NO_AUDIO = np.zeros(0, dtype=np.float32)
 
 
 class CosyVoiceBackend(Backend):
@@ -130,7 +132,7 @@ class CosyVoiceBackend(Backend):
         default_voice: str = "default",
         max_segment_seconds: float | None = None,
         memory_budget: MemoryBudget | None = None,
-        fixed_llm_tokens: int | None = None,
+        fixed_llm_tokens: int | Callable[[str], int] | None = None,
         llm_backend: str = "native",
         max_hop_rows: int | None = None,
         max_prefill_rows: int | None = None,
@@ -140,6 +142,7 @@ class CosyVoiceBackend(Backend):
         flow_cache_mib: float | None = None,
         final_pass: str = "exact",
         flow_cache_warm: bool = True,
+        step_order: str = "slack",
     ) -> None:
         step_caps = BackendLimits(max_prefill_rows=max_prefill_rows, max_hop_rows=max_hop_rows)  # checked now
         if final_pass not in ("exact", "streaming"):
@@ -156,8 +159,11 @@ class CosyVoiceBackend(Backend):
             model = load_model(
                 model_dir, device=device, dtype=dtype, use_rl_llm=use_rl_llm, max_seconds=max_segment_seconds
             )
-        if fixed_llm_tokens is not None and (isinstance(fixed_llm_tokens, bool) or fixed_llm_tokens < 1):
-            raise ValueError(f"fixed_llm_tokens must be a positive int or None, got {fixed_llm_tokens!r}")
+        if fixed_llm_tokens is not None and not callable(fixed_llm_tokens):
+            if isinstance(fixed_llm_tokens, bool) or not isinstance(fixed_llm_tokens, int) or fixed_llm_tokens < 1:
+                raise ValueError(
+                    f"fixed_llm_tokens must be a positive int, a callable or None, got {fixed_llm_tokens!r}"
+                )
         self.model = model
         self.device = model.llm.speech_embedding.weight.device
         self.fixed_llm_tokens = fixed_llm_tokens
@@ -179,13 +185,9 @@ class CosyVoiceBackend(Backend):
                 flow_cache_mib=flow_cache_mib,
             )
             max_batch_size = self.memory_plan.num_slots
+        if step_order not in STEP_ORDERS:
+            raise ValueError(f"step_order must be one of {', '.join(STEP_ORDERS)}, got {step_order!r}")
         self.max_batch_size = max_batch_size
-        self._limits = BackendLimits(
-            max_streams=max_batch_size,
-            max_batch_size=max_batch_size,
-            max_prefill_rows=step_caps.max_prefill_rows,
-            max_hop_rows=step_caps.max_hop_rows,
-        )
         self.max_llm_len = max_llm_len
         self.max_text_chars = max_text_chars
         self.seed = seed
@@ -206,7 +208,15 @@ class CosyVoiceBackend(Backend):
             from cosyvoice.token2wav.compile import compile_token2wav
 
             self.compiled = compile_token2wav(model.token2wav, backend="inductor")
-        self.stepper = BatchedStep(self.runner, model.token2wav)
+        self.stepper = BatchedStep(self.runner, model.token2wav, order=step_order)
+        self._limits = BackendLimits(
+            max_streams=max_batch_size,
+            max_batch_size=max_batch_size,
+            max_prefill_rows=step_caps.max_prefill_rows,
+            max_hop_rows=step_caps.max_hop_rows,
+            splits_steps=step_order == "slack",
+            can_park=isinstance(self.runner, LLMRunner),  # the native runners' KV slots swap to the host
+        )
         self.flow_cache: FlowCacheManager | None = None
         if flow_cache:
             self.flow_cache = make_flow_cache(self.memory_plan, flow_cache_mib)
@@ -302,8 +312,9 @@ class CosyVoiceBackend(Backend):
                 generator = torch.Generator(device="cpu").manual_seed(seed)
                 llm = model.new_llm_request(prompt, generator=generator, num_prompt_tokens=num_prompt)
                 if self.fixed_llm_tokens is not None:
+                    fixed = self.fixed_llm_tokens
                     llm.lengths = dataclasses.replace(llm.lengths, mask_all_stops_before_min=True)
-                    llm.min_len = llm.max_len = self.fixed_llm_tokens
+                    llm.min_len = llm.max_len = max(1, int(fixed(piece) if callable(fixed) else fixed))
             except (TextError, LLMInputError, SpeakerError) as exc:
                 raise ValueError(f"cannot synthesise {piece[:40]!r}: {exc}") from exc
             fit_kv_slot(llm, self.max_llm_len)
@@ -338,11 +349,30 @@ class CosyVoiceBackend(Backend):
         return self._limits
 
     def step_stats(self) -> dict[str, int | float]:
+        stepper = self.stepper
         return {
-            "hops_deferred": self.stepper.num_hops_deferred,
-            "prefills_deferred": self.stepper.num_prefills_deferred,
+            "hops_deferred": stepper.num_hops_deferred,
+            "hops_held": stepper.num_hops_held,
+            "closing_pauses": stepper.num_closing_pauses,
+            "llm_rows_held": stepper.num_llm_held,
+            "prefills_deferred": stepper.num_prefills_deferred,
             "decode_graphs": getattr(self.runner, "num_graphs", 0),
+            "llm_seconds_total": stepper.seconds["llm"],
+            **{f"wave_{kind}_seconds_total": stepper.seconds[kind] for kind in HOP_KINDS},
         }
+
+    # -- parking (the scheduler's batch streams) -----------------------------------------------
+
+    def park(self, stream: Any) -> bool:
+        """Free ``stream``'s KV slot, its cache copied to host memory (the native LLM runners only)."""
+        if not self._limits.can_park or not isinstance(stream, CosyVoiceStream) or stream.owner is not self:
+            return False
+        stream.park(self.runner)
+        return True
+
+    def unpark(self, stream: Any) -> None:
+        if isinstance(stream, CosyVoiceStream) and stream.owner is self:
+            stream.unpark(self.runner)
 
     def memory_stats(self) -> dict[str, int | float]:
         stats: dict[str, int | float] = {
@@ -366,29 +396,48 @@ class CosyVoiceBackend(Backend):
     # -- one scheduler step --------------------------------------------------------------------
 
     def step(
-        self, streams: Sequence[Any], budget: StepBudget | None = None
+        self,
+        streams: Sequence[Any],
+        budget: StepBudget | None = None,
+        on_chunks: Callable[[list[tuple[int, Any]]], None] | None = None,
     ) -> list[np.ndarray | None | BaseException]:
-        """One step within ``budget`` (None: the declared limits', for callers without a scheduler)."""
+        """One step within ``budget`` (None: the declared limits', for callers without a scheduler);
+        ``on_chunks`` gets the urgent lane's audio mid-step (step.py), by index in ``streams``."""
         if budget is None:
             budget = self._limits.step_budget()
         errors: dict[int, BaseException] = {}
-        mine: list[CosyVoiceStream] = []
-        for stream in streams:
+        mine: list[tuple[CosyVoiceStream, Lane]] = []
+        for index, stream in enumerate(streams):
             if isinstance(stream, CosyVoiceStream) and stream.owner is self and not stream.closed:
-                mine.append(stream)
+                if stream.parked:
+                    errors[id(stream)] = EngineError("a parked stream was stepped")
+                else:
+                    mine.append((stream, budget.lane(index)))
             else:
                 errors[id(stream)] = EngineError("stream is closed or belongs to another backend")
-        chunks = self.stepper.run(mine, errors, budget)
+        emit = None
+        emitted: set[int] = set()  # streams whose audio went out mid-step: their end comes next step
+        if on_chunks is not None:
+            index_of = {id(stream): i for i, stream in enumerate(streams)}
+
+            def emit(chunks: dict[int, torch.Tensor]) -> bool:
+                emitted.update(chunks)
+                on_chunks([(index_of[key], chunk.detach()) for key, chunk in chunks.items()])
+                return True
+
+        chunks = self.stepper.run(mine, errors, budget, emit)
         results: list[np.ndarray | None | BaseException] = []
         for stream in streams:
             error = errors.get(id(stream))
             if error is not None:
                 results.append(error)
-                continue
-            try:
-                results.append(stream.take(chunks.get(id(stream))))
-            except Exception as exc:  # noqa: BLE001
-                results.append(exc)
+            elif id(stream) in emitted:
+                results.append(_NO_AUDIO)  # as in "together" order, where its last chunk and its end
+            else:  # come in separate steps (the end waits for the buffer bound like every step does)
+                try:
+                    results.append(stream.take(chunks.get(id(stream))))
+                except Exception as exc:  # noqa: BLE001
+                    results.append(exc)
         return results
 
     def close(self) -> None:

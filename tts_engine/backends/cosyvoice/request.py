@@ -14,6 +14,7 @@ import hashlib
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -78,13 +79,14 @@ class CosyVoiceStream(BackendStream):
     on_close: Callable[[CosyVoiceStream], None]
     voice: str = ""
     closed: bool = False
+    parked: bool = False  # its KV cache is in host memory (park()); it is not stepped meanwhile
     _current: int = 0  # index of the segment whose audio plays now
 
     # -- scheduler view ------------------------------------------------------------------------
 
     def llm_request(self) -> LLMRequest | None:
         """The LLM request that should advance now (the first unfinished one), if any."""
-        if self.closed:
+        if self.closed or self.parked:
             return None
         for segment in self.segments[self._current :]:
             if not segment.llm.finished:
@@ -119,6 +121,18 @@ class CosyVoiceStream(BackendStream):
     def is_finished(self) -> bool:
         self._skip_done()
         return self._current >= len(self.segments)
+
+    def park(self, runner: Any) -> None:
+        """Move the KV cache of the segment that holds a slot to host memory (``runner.swap_out``)."""
+        for segment in self.segments[self._current :]:
+            runner.swap_out(segment.llm)
+        self.parked = True
+
+    def unpark(self, runner: Any) -> None:
+        """Put a parked stream's KV cache back in a slot; it goes on where it stopped."""
+        for segment in self.segments[self._current :]:
+            runner.swap_in(segment.llm)
+        self.parked = False
 
     # -- BackendStream -------------------------------------------------------------------------
 

@@ -1,16 +1,25 @@
-"""One CosyVoice3 scheduler step across many streams: a batched LLM step, then a batched token2wav hop.
+"""One CosyVoice3 scheduler step across many streams: a batched LLM step, then batched token2wav hops.
 
 1. LLM: requests already holding a KV cache slot decode one token together (``runner.decode_step``);
    new segments are prefilled together, at most the step budget's ``prefill_rows`` (the first ones in
    the engine's order; the rest wait a step, producing nothing). The engine's scheduler admits no more
    streams than there are KV slots and a stream holds at most one at a time, so a prefill always finds
    a free slot. Requests join and leave between steps; a finished or aborted request frees its slot
-   at once.
+   at once (a parked one moves it to host memory, ``LLMRunner.swap_out``).
 2. The new speech tokens go to each request's token2wav stream (silent runs filtered).
-3. The token2wav hops that are ready (25 -> 50 -> 100 tokens + 3 look-ahead, or the closing call) run in
-   one batched flow + vocoder call (``Token2Wav.run``). The step budget's ``hop_rows`` caps the rows of
-   that call: the streams come in the engine's slack order (first chunks and streams about to run dry first), so
-   the hops of streams that are seconds ahead wait for a later step instead of delaying everyone's.
+3. The token2wav hops that are ready (25 -> 50 -> 100 tokens + 3 look-ahead, or the closing call) run as
+   batched flow + vocoder calls (``Token2Wav.run``). The step budget's ``hop_rows`` caps their rows,
+   taken in the engine's order (least playback slack first), so the hops of streams that are seconds
+   ahead wait for a later step instead of delaying everyone's.
+
+Step order (``order``): ``"slack"`` (the default) runs the hops in two groups by the budget's lanes
+(tts_engine/budget.py): first every opening hop (a segment's first audio) and every hop of a stream
+whose listener is short of audio; their audio is handed out (``emit``) before the second group runs:
+the later hops and closing passes of streams with a comfortable lead. While another listener waits for
+first audio, those (and all of a batch stream's hops) wait for a later step instead. ``"together"`` is
+the order before: one batch of every ready hop, its audio handed out when the step ends. The order
+decides when a hop runs and with which rows, never what it computes: each hop's tokens, offsets and
+cached chunks are the same either way (tests/test_step_order.py compares the audio bit for bit).
 
 A batched call that raises is retried row by row where the rows' state allows it, so one bad request
 does not fail its neighbours.
@@ -18,36 +27,60 @@ does not fail its neighbours.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from cosyvoice.llm import LLMRequest
-from cosyvoice.token2wav import HopJob, Token2Wav
+from cosyvoice.token2wav import HopJob, PendingClosing, Token2Wav
 from tts_engine.backends.cosyvoice.request import CosyVoiceStream
-from tts_engine.budget import StepBudget
+from tts_engine.budget import Lane, StepBudget
 
 Errors = dict[int, BaseException]  # id(stream) -> what failed it
+Chunks = dict[int, torch.Tensor]  # id(stream) -> its new audio
+Emit = Callable[[Chunks], bool]  # hands audio out mid-step; False: it could not (keep it for the end)
+STEP_ORDERS = ("slack", "together")
+CLOSING_SLICE = 2  # Euler steps per engine step of an exact closing call whose stream has a comfortable lead
+HOP_KINDS = ("opening", "hop", "closing")  # a segment's first hop; a later hop; its closing call
 
 
 class BatchedStep:
     """Runs steps for the cosyvoice backend; ``runner`` is an ``LLMRunner`` (or a drop-in one)."""
 
-    def __init__(self, runner: Any, token2wav: Token2Wav) -> None:
+    def __init__(self, runner: Any, token2wav: Token2Wav, *, order: str = "slack") -> None:
+        if order not in STEP_ORDERS:
+            raise ValueError(f"step order must be one of {', '.join(STEP_ORDERS)}, got {order!r}")
         self.runner = runner
         self.token2wav = token2wav
+        self.order = order
         self.num_hops_deferred = 0  # ready hops left for a later step by the budget's hop_rows
+        self.num_hops_held = 0  # ready hops left for a later step by their lane (someone waits for audio)
         self.num_prefills_deferred = 0  # prefills left for a later step by the budget's prefill_rows
+        self.seconds = {"llm": 0.0, **{kind: 0.0 for kind in HOP_KINDS}}  # where the step time went
+        # exact closing calls under way, a slice a step ("slack" order): id(stream) -> (stream, its solve)
+        self.closings: dict[int, tuple[CosyVoiceStream, PendingClosing]] = {}
+        self.num_closing_pauses = 0  # slices after which an exact closing call waited for a later step
+        self.num_llm_held = 0  # LLM rows that waited a step (held streams that have their next hop's tokens)
 
     def run(
-        self, streams: Sequence[CosyVoiceStream], errors: Errors, budget: StepBudget
-    ) -> dict[int, torch.Tensor]:
-        """Advance ``streams`` (in priority order) by one step within ``budget``; each stream's new
-        audio by id."""
+        self,
+        streams: Sequence[tuple[CosyVoiceStream, Lane]],
+        errors: Errors,
+        budget: StepBudget,
+        emit: Emit | None = None,
+    ) -> Chunks:
+        """Advance ``streams`` (in rank order, each with its lane) by one step within ``budget``; each
+        stream's new audio by id (the audio ``emit`` handed out mid-step is not in it)."""
+        for key, (stream, _) in list(self.closings.items()):
+            if stream.closed:
+                del self.closings[key]  # finished, failed or aborted meanwhile
+        started = time.perf_counter()
         self._llm_step(streams, errors, budget.prefill_rows)
-        jobs: list[tuple[CosyVoiceStream, HopJob]] = []
-        for stream in streams:
+        self.seconds["llm"] += time.perf_counter() - started
+        ready: list[tuple[CosyVoiceStream, Lane, HopJob]] = []
+        for stream, lane in streams:
             if id(stream) in errors:
                 continue
             try:
@@ -57,20 +90,85 @@ class BatchedStep:
                 errors[id(stream)] = exc
                 continue
             if job is not None:
-                jobs.append((stream, job))
-        jobs, deferred = StepBudget.take(jobs, budget.hop_rows)
+                ready.append((stream, lane, job))
+        if self.order == "together":
+            jobs, deferred = StepBudget.take([(stream, job) for stream, _, job in ready], budget.hop_rows)
+            self.num_hops_deferred += deferred
+            return self._wave_step(jobs, errors)
+        first: list[tuple[CosyVoiceStream, HopJob]] = []
+        second: list[tuple[CosyVoiceStream, HopJob]] = []
+        for stream, lane, job in ready:
+            opening = job.token_offset == 0
+            if lane == Lane.BACKGROUND or (lane == Lane.DEFERRED and not opening):
+                self.num_hops_held += 1
+            elif lane == Lane.URGENT or opening:
+                first.append((stream, job))
+            else:
+                second.append((stream, job))
+        jobs, deferred = StepBudget.take(first + second, budget.hop_rows)
         self.num_hops_deferred += deferred
-        return self._wave_step(jobs, errors)
+        first, second = jobs[: len(first)], jobs[len(first) :]
+        chunks = self._wave_group(first, errors, urgent=True)
+        if chunks and emit is not None and emit(chunks):
+            chunks = {}  # handed out before the second group runs
+        chunks.update(self._wave_group(second, errors, urgent=False))
+        return chunks
+
+    def _wave_group(self, jobs: list[tuple[CosyVoiceStream, HopJob]], errors: Errors, *, urgent: bool) -> Chunks:
+        """One group of the slack order: its hops in one batch; each exact closing call on its own, whole
+        when ``urgent``, else ``CLOSING_SLICE`` Euler steps a step (its audio once the last one ran)."""
+        closing = [(stream, job) for stream, job in jobs if job.finalize and not job.streaming]
+        chunks = self._wave_step([(stream, job) for stream, job in jobs if not job.finalize or job.streaming], errors)
+        for stream, job in closing:
+            chunk = self._closing_slice(stream, job, errors, None if urgent else CLOSING_SLICE)
+            if chunk is not None:
+                chunks[id(stream)] = chunk
+        return chunks
+
+    def _closing_slice(
+        self, stream: CosyVoiceStream, job: HopJob, errors: Errors, steps: int | None
+    ) -> torch.Tensor | None:
+        """Advance ``stream``'s exact closing call by ``steps`` Euler steps (None: to its end); its last
+        audio once done. Sliced or whole, the same operations: the same samples."""
+        t2w = self.token2wav
+        started = time.perf_counter()
+        try:
+            entry = self.closings.get(id(stream))
+            pending = entry[1] if entry is not None and entry[1].job == job else None
+            if pending is None:
+                pending = t2w.begin_closing(job)
+                self.closings[id(stream)] = (stream, pending)
+            if not t2w.advance_closing(pending, steps):
+                self.num_closing_pauses += 1
+                return None
+            del self.closings[id(stream)]
+            return t2w.finish_closing(pending)
+        except Exception as exc:  # noqa: BLE001 - fails this request only
+            self.closings.pop(id(stream), None)
+            errors[id(stream)] = exc
+            return None
+        finally:
+            self.seconds["closing"] += time.perf_counter() - started
 
     # -- LLM -----------------------------------------------------------------------------------
 
-    def _llm_step(self, streams: Sequence[CosyVoiceStream], errors: Errors, prefill_rows: int | None) -> None:
+    def _llm_step(
+        self, streams: Sequence[tuple[CosyVoiceStream, Lane]], errors: Errors, prefill_rows: int | None
+    ) -> None:
+        """Decode (and prefill) every stream's LLM; in the slack order a held stream's LLM waits too when
+        its next hop's tokens are already there (a batch stream's always), so a step while a listener waits
+        for first audio decodes only the rows that need tokens."""
         decode: list[tuple[CosyVoiceStream, LLMRequest]] = []
         prefill: list[tuple[CosyVoiceStream, LLMRequest]] = []
-        for stream in streams:
+        for stream, lane in streams:
             request = stream.llm_request()
-            if request is not None:
-                (prefill if request.slot is None else decode).append((stream, request))
+            if request is None:
+                continue
+            if self.order == "slack" and lane >= Lane.DEFERRED:
+                if lane == Lane.BACKGROUND or stream.next_job() is not None:
+                    self.num_llm_held += 1
+                    continue
+            (prefill if request.slot is None else decode).append((stream, request))
         self._run_llm(self.runner.decode_step, decode, errors)
         prefill, deferred = StepBudget.take(prefill, prefill_rows)
         self.num_prefills_deferred += deferred
@@ -110,13 +208,30 @@ class BatchedStep:
 
     # -- token2wav -----------------------------------------------------------------------------
 
-    def _wave_step(
-        self, jobs: list[tuple[CosyVoiceStream, HopJob]], errors: Errors
-    ) -> dict[int, torch.Tensor]:
-        """All given hops in one flow + vocoder batch; on failure retry the unchanged ones one by one."""
-        chunks: dict[int, torch.Tensor] = {}
+    def _wave_step(self, jobs: list[tuple[CosyVoiceStream, HopJob]], errors: Errors) -> Chunks:
+        """All given hops in one flow + vocoder batch (its time shared out by kind, ``seconds``)."""
         if not jobs:
-            return chunks
+            return {}
+        started = time.perf_counter()
+        try:
+            return self._wave_batch(jobs, errors)
+        finally:
+            self._account(jobs, time.perf_counter() - started)
+
+    def _account(self, jobs: list[tuple[CosyVoiceStream, HopJob]], seconds: float) -> None:
+        """Share a batch's time among its hop kinds by the frames each row computes (roughly)."""
+        weights: dict[str, float] = dict.fromkeys(HOP_KINDS, 0.0)
+        for _, job in jobs:
+            kind = "closing" if job.finalize else "opening" if job.token_offset == 0 else "hop"
+            prompt = int(job.stream.prompt.prompt_token.shape[0])
+            weights[kind] += prompt + job.num_tokens if not job.streaming else job.num_tokens - job.token_offset
+        total = sum(weights.values()) or 1.0
+        for kind, weight in weights.items():
+            self.seconds[kind] += seconds * weight / total
+
+    def _wave_batch(self, jobs: list[tuple[CosyVoiceStream, HopJob]], errors: Errors) -> Chunks:
+        """One flow + vocoder batch; on failure retry the unchanged hops one by one."""
+        chunks: Chunks = {}
         t2w = self.token2wav
         try:
             for (stream, _), chunk in zip(jobs, t2w.run([job for _, job in jobs]), strict=True):

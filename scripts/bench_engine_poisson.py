@@ -1,0 +1,158 @@
+"""``scripts/bench_engine.py --arrivals poisson``: the engine under replies arriving at random moments.
+
+The lone-stream first chunk, the engine's capacity, then one run per load (scripts/bench_traffic.py has
+the replies, their arrivals and the gateway's way of playing them; bench_engine.py's docstring says
+what each column is). One engine serves the whole run, so its caches are as warm as a server's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from scripts.bench_traffic import (
+    EN_SENTENCES,
+    ZH_SENTENCES,
+    LoadResult,
+    Reply,
+    SentenceRecord,
+    make_replies,
+    play_reply,
+    poisson_arrivals,
+    table_header,
+    table_row,
+    tokens_for,
+)
+from tts_engine import TTSEngine
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+LONE_TEXTS = (ZH_SENTENCES[2], EN_SENTENCES[2], ZH_SENTENCES[7], EN_SENTENCES[7], ZH_SENTENCES[10], EN_SENTENCES[3])
+RATE_SEED_OFFSET = 1000  # arrivals draw from seed + this + the load's index
+GOALS = {0.6: 2.0, 0.9: 3.0}  # issue 25: sentence first-chunk p95 at most this times the lone first chunk
+
+
+def git_commit() -> str:
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=10,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (head or "unknown") + (" (with uncommitted changes)" if dirty else "")
+
+
+def stat_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    return {
+        key: float(after[key]) - float(before.get(key, 0))
+        for key, value in after.items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    }
+
+
+async def lone_first_chunk(engine: TTSEngine, voices: list[str], rate: int) -> float:
+    """The median first chunk of single sentences, one at a time on an idle engine (the reference)."""
+    firsts = []
+    for k, text in enumerate(LONE_TEXTS):
+        [record] = await play_reply(engine, Reply("-", (text,)), -1, voice=voices[k % len(voices)], rate=rate)
+        assert record.first_chunk_s is not None, record.error
+        firsts.append(record.first_chunk_s)
+    return statistics.median(firsts)
+
+
+async def capacity(engine: TTSEngine, streams: int, voices: list[str], rate: int, seed: int) -> float:
+    """Audio seconds per second with ``streams`` replies always in flight, consumers unpaced."""
+    replies = make_replies(3 * streams, seed)
+    pending = list(enumerate(replies))
+    audio = 0.0
+
+    async def worker() -> None:
+        nonlocal audio
+        while pending:
+            number, reply = pending.pop(0)
+            records = await play_reply(
+                engine, reply, number, voice=voices[number % len(voices)], rate=rate, paced=False
+            )
+            audio += sum(r.audio_s for r in records)
+
+    start = time.perf_counter()
+    async with asyncio.TaskGroup() as group:
+        for _ in range(streams):
+            group.create_task(worker())
+    return audio / (time.perf_counter() - start)
+
+
+async def one_load(
+    engine: TTSEngine, load: float, replies: list[Reply], arrivals: list[float], voices: list[str], rate: int
+) -> LoadResult:
+    records: list[SentenceRecord] = []
+
+    async def arrive(number: int, reply: Reply, at: float) -> None:
+        await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
+        records.extend(await play_reply(engine, reply, number, voice=voices[number % len(voices)], rate=rate))
+
+    before = engine.stats
+    start = time.perf_counter()
+    async with asyncio.TaskGroup() as group:
+        for number, (reply, at) in enumerate(zip(replies, arrivals, strict=True)):
+            group.create_task(arrive(number, reply, at))
+    wall = time.perf_counter() - start
+    return LoadResult(load, records, wall, stat_delta(before, engine.stats))
+
+
+async def run_poisson(args: argparse.Namespace, model: Any, make_backend: Callable[..., Any]) -> None:
+    loads = [float(x) for x in args.load.split(",") if x.strip()]
+    streams = int(args.streams.split(",")[-1])
+    print(
+        f"commit={git_commit()} preset={args.preset} device={args.device} dtype={args.dtype} "
+        f"threads={torch.get_num_threads()} streams(KV slots)={streams} max_hop_rows={args.max_hop_rows} "
+        f"flow_cache={args.flow_cache} final_pass={args.final_pass} step_order={args.step_order} "
+        f"cuda_graphs={args.cuda_graphs} torch_compile={args.torch_compile} prompt={args.prompt_seconds}s "
+        f"voices={args.voices} rate={args.rate} replies/load={args.replies} seed={args.seed} loads={args.load}",
+        flush=True,
+    )
+    voices = [f"bench{i}" for i in range(args.voices)]
+    with tempfile.TemporaryDirectory() as tmp:
+        backend = make_backend(
+            model, args, streams, Path(tmp), args.voices, flow_cache=args.flow_cache != "off", tokens=tokens_for
+        )
+        engine = TTSEngine(backend, max_queue_wait_s=None, max_pending_requests=4096)
+        await engine.start()
+        try:
+            await play_reply(engine, Reply("-", (ZH_SENTENCES[3],)), -1, voice=voices[0], rate=args.rate)  # warm-up
+            lone = await lone_first_chunk(engine, voices, args.rate)
+            cap = await capacity(engine, streams, voices, args.rate, args.seed + 7)
+            print(f"lone-stream first chunk: {1000 * lone:.0f} ms (median of {len(LONE_TEXTS)} sentences alone)")
+            print(f"capacity: {cap:.2f} audio s/s ({streams} replies in flight, consumers unpaced)", flush=True)
+            print(table_header())
+            rows = {}
+            for k, load in enumerate(loads):
+                replies = make_replies(args.replies, args.seed + k)
+                rate = load * cap / statistics.fmean(r.audio_s for r in replies)
+                arrivals = poisson_arrivals(len(replies), rate, args.seed + RATE_SEED_OFFSET + k)
+                result = await one_load(engine, load, replies, arrivals, voices, args.rate)
+                rows[load] = result.row(lone)
+                print(table_row(rows[load]), flush=True)
+        finally:
+            await engine.close()
+    for load, limit in GOALS.items():
+        row = rows.get(load)
+        if row is not None:
+            met = row["p95_x_lone"] <= limit and (load > 0.6 or row["underruns"] == 0)
+            print(
+                f"load {load}: sentence first-chunk p95 = {row['p95_x_lone']:.2f}x the lone first chunk "
+                f"(goal <= {limit}x), mid-stream underruns {row['underruns']:.0f}"
+                f"{' (goal 0)' if load <= 0.6 else ''}: {'met' if met else 'NOT met'}"
+            )

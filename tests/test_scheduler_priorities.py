@@ -1,0 +1,138 @@
+"""Priority classes and lanes in the engine's scheduler, without an engine (tts_engine/scheduler.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.test_scheduler import Clock, ids, make_request, produce
+from tts_engine.arguments import check_priority
+from tts_engine.budget import BackendLimits, Lane
+from tts_engine.request import EngineRequest, RequestStatus
+from tts_engine.scheduler import MIN_COMFORT_S, Scheduler
+
+
+def request(req_id: str, priority: str = "interactive") -> EngineRequest:
+    made = make_request(req_id)
+    made.priority = priority  # type: ignore[assignment]
+    return made
+
+
+def scheduler_for(capacity: int | None, *, can_park: bool = True, splits_steps: bool = False, **options):
+    clock = Clock()
+    limits = BackendLimits(
+        max_streams=capacity, max_batch_size=8, can_park=can_park, splits_steps=splits_steps
+    )
+    options.setdefault("max_buffered_chunks", 4)
+    return Scheduler(limits=limits, clock=clock, **options), clock
+
+
+def admit(scheduler: Scheduler):
+    """One plan; the requests it admits get a (stand-in) backend stream, as the engine opens them."""
+    plan = scheduler.schedule()
+    for admitted in plan.new_requests:
+        admitted.backend_stream = object()  # type: ignore[assignment]
+    return plan
+
+
+def test_admission_takes_the_highest_class_first_fifo_within() -> None:
+    scheduler, clock = scheduler_for(2)
+    for name, priority in (("b1", "batch"), ("i1", "interactive"), ("d1", "device"), ("i2", "interactive")):
+        scheduler.add_request(request(name, priority))
+        clock.now += 1
+    assert ids(scheduler.waiting) == ["d1", "i1", "i2", "b1"]
+    assert ids(admit(scheduler).new_requests) == ["d1", "i1"]
+    scheduler.finish_requests(["d1"], RequestStatus.FINISHED_STOPPED)
+    assert ids(admit(scheduler).new_requests) == ["i2"]
+
+
+def test_ranking_is_by_class_then_slack() -> None:
+    scheduler, clock = scheduler_for(None)
+    names = {"batch_dry": "batch", "interactive_dry": "interactive", "device_ahead": "device"}
+    for name, priority in names.items():
+        scheduler.add_request(request(name, priority))
+        clock.now += 1
+    scheduler.schedule()
+    produce(scheduler.requests["device_ahead"], samples=5 * 16000)  # 5 s unread: plenty of slack
+    assert ids(scheduler.schedule().scheduled) == ["device_ahead", "interactive_dry", "batch_dry"]
+
+
+def test_a_batch_request_takes_only_capacity_nobody_else_waits_for_and_yields_it_by_parking() -> None:
+    scheduler, clock = scheduler_for(2)
+    for i in range(3):
+        scheduler.add_request(request(f"b{i}", "batch"))
+        clock.now += 1
+    assert ids(admit(scheduler).new_requests) == ["b0", "b1"]  # the free capacity, no more
+    scheduler.add_request(request("d", "device"))
+    plan = admit(scheduler)
+    assert ids(plan.parked) == ["b1"]  # the most recently admitted batch request gives its slot up
+    assert ids(plan.new_requests) == ["d"] and ids(scheduler.running) == ["b0", "d"]
+    assert "b1" not in ids(plan.scheduled) and scheduler.requests["b1"].parked
+    scheduler.add_request(request("i", "interactive"))
+    plan = admit(scheduler)
+    assert ids(plan.parked) == ["b0"] and ids(plan.new_requests) == ["i"]
+    assert ids(scheduler.schedule().scheduled) == ["d", "i"]  # parked ones do not run
+    # Capacity comes back: the parked ones resume, oldest first, before a new batch request starts.
+    scheduler.finish_requests(["d", "i"], RequestStatus.FINISHED_STOPPED)
+    plan = admit(scheduler)
+    assert ids(plan.unparked) == ["b0", "b1"] and plan.new_requests == [] and ids(scheduler.waiting) == ["b2"]
+    assert scheduler.stats["batch_parks_total"] == 2 and scheduler.stats["batch_parked"] == 0
+
+
+def test_without_parking_a_batch_request_leaves_one_slot_free_for_the_others() -> None:
+    scheduler, clock = scheduler_for(3, can_park=False)
+    for i in range(3):
+        scheduler.add_request(request(f"b{i}", "batch"))
+    assert ids(admit(scheduler).new_requests) == ["b0", "b1"]
+    scheduler.add_request(request("d", "device"))
+    plan = admit(scheduler)
+    assert plan.parked == [] and ids(plan.new_requests) == ["d"]
+
+
+def test_only_device_and_interactive_waits_are_bounded() -> None:
+    scheduler, clock = scheduler_for(1, max_queue_wait_s=2.0)
+    scheduler.add_request(request("holder"))
+    admit(scheduler)
+    scheduler.add_request(request("batch", "batch"))
+    scheduler.add_request(request("late", "interactive"))
+    assert scheduler.get_wait_timeout() == pytest.approx(2.0)
+    clock.now += 3
+    assert admit(scheduler).timed_out_req_ids == ["late"]
+    assert ids(scheduler.waiting) == ["batch"] and scheduler.get_wait_timeout() is None
+
+
+def test_lanes_hold_comfortable_work_and_batch_while_a_listener_waits_for_first_audio() -> None:
+    scheduler, clock = scheduler_for(None, splits_steps=True)
+    for name, priority in (("playing", "device"), ("ahead", "device"), ("batch", "batch")):
+        scheduler.add_request(request(name, priority))
+    scheduler.schedule()
+    produce(scheduler.requests["playing"], samples=1600)  # 0.1 s unread: short of audio
+    produce(scheduler.requests["ahead"], samples=5 * 16000)  # 5 s unread: comfortable
+    produce(scheduler.requests["batch"], samples=1600)
+    plan = scheduler.schedule()
+    lanes = dict(zip(ids(plan.scheduled), plan.budget.lanes or (), strict=True))
+    assert lanes == {"playing": Lane.URGENT, "ahead": Lane.COMFORTABLE, "batch": Lane.COMFORTABLE}
+    scheduler.add_request(request("new", "interactive"))  # a listener waiting for its first audio
+    plan = scheduler.schedule()
+    lanes = dict(zip(ids(plan.scheduled), plan.budget.lanes or (), strict=True))
+    assert lanes == {
+        "playing": Lane.URGENT, "ahead": Lane.DEFERRED, "new": Lane.URGENT, "batch": Lane.BACKGROUND
+    }  # fmt: skip
+    assert scheduler.comfortable_s == MIN_COMFORT_S  # no step measured yet
+    clock.now += 2.0  # a step of 2 s: 'comfortable' now means 4 such steps of audio
+    scheduler.update_from_output(plan, [None] * plan.num_scheduled)
+    assert scheduler.comfortable_s == pytest.approx(8.0)
+    plan = scheduler.schedule()
+    assert dict(zip(ids(plan.scheduled), plan.budget.lanes or (), strict=True))["ahead"] == Lane.URGENT
+
+
+def test_a_backend_that_does_not_split_steps_gets_no_lanes() -> None:
+    scheduler, _ = scheduler_for(None)
+    scheduler.add_request(request("r"))
+    assert scheduler.schedule().budget.lanes is None
+
+
+@pytest.mark.parametrize("bad", ["urgent", "", None, 1, "Device"])
+def test_an_unknown_priority_is_refused(bad: object) -> None:
+    with pytest.raises(ValueError, match="priority must be one of device, interactive, batch"):
+        check_priority(bad)
+    assert check_priority("batch") == "batch"
