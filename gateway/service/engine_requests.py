@@ -1,29 +1,17 @@
 """The one place the service asks the engine for speech, with a priority class.
 
-The engine's scheduler ranks requests by class (issue 26 item 5: ``SpeechEngine.synthesize(...,
-priority="device"|"interactive"|"batch")``): device turns first, API streams next, batch items only in the
-capacity the others leave free. That argument is built on another branch; ``ENGINE_TAKES_PRIORITY`` reads
-the engine interface itself, so once ``priority`` is part of ``SpeechEngine.synthesize`` every request made
-here carries its class, with no change here. Until then the class is dropped (batch items then compete
-with device turns as equals: docs/service.md says what that costs).
+The engine's scheduler ranks requests by class (``SpeechEngine.synthesize(..., priority=)``,
+tts_engine/interface.py, docs/engine-workers.md): device turns first (``device``: the gateway's speaker
+asks for it itself), API streams next (``interactive``, or ``batch`` for a key added with
+``--priority batch``), and batch items (``batch``) only in the capacity the others leave free; a batch
+item in flight when a device turn arrives yields at its next step.
 """
 
 from __future__ import annotations
 
-import inspect
-from typing import Any, Literal
+from tts_engine.interface import Priority, SpeechEngine, SpeechStream
 
-from tts_engine.interface import SpeechEngine, SpeechStream
-
-__all__ = ["ENGINE_TAKES_PRIORITY", "Priority", "synthesize", "synthesize_zero_shot"]
-
-Priority = Literal["device", "interactive", "batch"]
-
-ENGINE_TAKES_PRIORITY = "priority" in inspect.signature(SpeechEngine.synthesize).parameters
-
-
-def _priority(priority: Priority) -> dict[str, Any]:
-    return {"priority": priority} if ENGINE_TAKES_PRIORITY else {}
+__all__ = ["Priority", "synthesize", "synthesize_zero_shot"]
 
 
 def synthesize(
@@ -37,7 +25,7 @@ def synthesize(
     instruct: str | None = None,
 ) -> SpeechStream:
     return engine.synthesize(text, voice=voice, output_rate=output_rate, speed=speed, instruct=instruct,
-                             **_priority(priority))  # fmt: skip
+                             priority=priority)  # fmt: skip
 
 
 def synthesize_zero_shot(
@@ -53,4 +41,4 @@ def synthesize_zero_shot(
 ) -> SpeechStream:
     return engine.synthesize_zero_shot(text, prompt_wav=prompt_wav, prompt_text=prompt_text,
                                        output_rate=output_rate, speed=speed, instruct=instruct,
-                                       **_priority(priority))  # fmt: skip
+                                       priority=priority)  # fmt: skip
