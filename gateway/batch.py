@@ -49,6 +49,7 @@ from tqdm import tqdm
 
 from gateway.service.batches.archive import archive_name
 from gateway.service.batches.jsonl import BatchInputError, BatchLine, parse_jsonl
+from gateway.voices.files import atomic_write
 
 __all__ = ["Item", "main", "read_items", "run"]
 
@@ -163,19 +164,6 @@ async def with_retries(call: Callable[[], Awaitable[T]], retries: int, max_wait_
     raise AssertionError("unreachable")  # reraise=True: the last error was raised
 
 
-def write_whole(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 class Client:
     def __init__(self, args: argparse.Namespace, items: list[Item]) -> None:
         self.args = args
@@ -207,7 +195,7 @@ class Client:
             if (self.out / item.file).is_file():
                 row = {**row, "file": item.file, "status": "done", "error": None}
             rows.append(json.dumps(row, ensure_ascii=False))
-        write_whole(self.out / MANIFEST, ("\n".join(rows) + "\n").encode())
+        atomic_write(self.out / MANIFEST, ("\n".join(rows) + "\n").encode())
 
     async def call(self, method: str, url: str, **kw: Any) -> httpx.Response:
         async def once() -> httpx.Response:
@@ -231,7 +219,7 @@ class Client:
                     return None
                 raise
             job_id = reply.json()["id"]
-            write_whole(state_path, json.dumps({"job": job_id, "url": self.args.url,
+            atomic_write(state_path, json.dumps({"job": job_id, "url": self.args.url,
                                                 "ids": [i.custom_id for i in todo]}).encode())  # fmt: skip
         job = await self._follow(job_id, len(todo))
         await self._download(job_id)
@@ -283,7 +271,7 @@ class Client:
                     if item is None:
                         continue
                     if row.get("file"):
-                        write_whole(self.out / item.file, archive.read(row["file"]))
+                        atomic_write(self.out / item.file, archive.read(row["file"]))
                     self.manifest[item.custom_id] = {**row, "file": item.file if row.get("file") else None}
 
     # ---- stream mode ---------------------------------------------------------------------
@@ -303,7 +291,7 @@ class Client:
                         self.manifest[item.custom_id] = {"custom_id": item.custom_id, "file": None,
                                                          "duration_s": None, "status": "failed", "error": str(exc)}  # fmt: skip
                     else:
-                        write_whole(self.out / item.file, reply.content)
+                        atomic_write(self.out / item.file, reply.content)
                         self.manifest[item.custom_id] = {"custom_id": item.custom_id, "file": item.file,
                                                          "duration_s": None, "status": "done", "error": None}  # fmt: skip
                     bar.update(1)

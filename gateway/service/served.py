@@ -11,11 +11,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import TracebackType
 
 import numpy as np
 
 from gateway.service.accounts import Account
+from gateway.service.cache.streams import PassThroughStream
 from gateway.service.limits import SpeechTicket
 from tts_engine.interface import SpeechStream
 
@@ -59,36 +59,12 @@ class Served:
                 self.ticket.release()
 
 
-class CountingStream:
+class CountingStream(PassThroughStream):
     """A speech stream whose audio seconds (and failure) are added to a ``Served``."""
 
     def __init__(self, inner: SpeechStream, served: Served) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.served = served
-        self.req_id = inner.req_id
-        self.sample_rate = inner.sample_rate
-
-    @property
-    def is_aborted(self) -> bool:
-        return self.inner.is_aborted
-
-    @is_aborted.setter
-    def is_aborted(self, value: bool) -> None:
-        self.inner.is_aborted = value
-
-    @property
-    def is_finished(self) -> bool:
-        return self.inner.is_finished
-
-    @property
-    def unread_seconds(self) -> float:
-        return self.inner.unread_seconds
-
-    def set_playback_ahead(self, seconds: float) -> None:
-        self.inner.set_playback_ahead(seconds)
-
-    def __aiter__(self) -> CountingStream:
-        return self
 
     async def __anext__(self) -> np.ndarray:
         try:
@@ -100,14 +76,3 @@ class CountingStream:
             raise
         self.served.audio_s += chunk.size / self.sample_rate
         return chunk
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-    async def __aenter__(self) -> CountingStream:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()

@@ -46,6 +46,7 @@ from gateway.service.cache import AudioCache
 from gateway.service.speech import open_speech
 from gateway.service.usage import UsageMeter, key_subject
 from gateway.store import StoreError
+from gateway.voices.files import atomic_write
 from tts_engine.errors import EngineError, EngineOverloaded, EngineUnavailable, SynthesisFailed, UnknownVoice
 from tts_engine.interface import SpeechEngine
 
@@ -71,24 +72,6 @@ def find_result(folder: Path, idx: int, fmt: str) -> tuple[str, float] | None:
         if match and int(match.group(1)) == idx:
             return path.name, int(match.group(2)) / int(match.group(3))
     return None
-
-
-def write_whole(path: Path, data: bytes) -> None:
-    """``data`` under ``path``: temporary file, fsync, rename, folder fsync."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class _Permanent(Exception):
@@ -286,7 +269,7 @@ class BatchRunner:
         data = await asyncio.to_thread(encode_audio, pcm, rate, fmt)
         name = result_name(item.idx, int(pcm.size), rate, fmt)
         job_folder.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(write_whole, job_folder / name, data)
+        await asyncio.to_thread(atomic_write, job_folder / name, data)
         return name, pcm.size / rate
 
     async def _finish(self, item: ItemRow, status: str, **kw: object) -> bool:

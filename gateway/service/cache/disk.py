@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from gateway.service.cache.entry import CachedAudio
+from gateway.voices.files import sync_dir
 
 __all__ = ["DiskTier"]
 
@@ -141,7 +142,7 @@ class DiskTier:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, final)
-            _sync_dir(folder)
+            sync_dir(folder)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             log.warning("audio cache: cannot write %s: %s", final, exc)
@@ -208,16 +209,3 @@ def _decode(data: bytes, key: str) -> CachedAudio | None:
         return None
     pcm.flags.writeable = False
     return CachedAudio(key, voice, rate, pcm, chunks)
-
-
-def _sync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -23,7 +23,7 @@ import numpy as np
 from gateway.service.cache.entry import CachedAudio
 from tts_engine.interface import SpeechStream
 
-__all__ = ["RecordingStream", "ReplayStream"]
+__all__ = ["PassThroughStream", "RecordingStream", "ReplayStream"]
 
 _ids = itertools.count(1)
 
@@ -105,27 +105,13 @@ class ReplayStream:
         await self.aclose()
 
 
-class RecordingStream:
-    """An engine stream whose complete answer is handed to ``on_complete`` (module docstring)."""
+class PassThroughStream:
+    """An engine stream with the ``SpeechStream`` surface, passed through; subclasses watch ``__anext__``."""
 
-    def __init__(
-        self,
-        inner: SpeechStream,
-        *,
-        key: str,
-        voice: str,
-        max_samples: int,
-        on_complete: Callable[[CachedAudio], None],
-    ) -> None:
+    def __init__(self, inner: SpeechStream) -> None:
         self.inner = inner
         self.req_id = inner.req_id
         self.sample_rate = inner.sample_rate
-        self._key = key
-        self._voice = voice
-        self._max_samples = max_samples
-        self._on_complete = on_complete
-        self._chunks: list[np.ndarray] | None = []
-        self._samples = 0
 
     @property
     def is_aborted(self) -> bool:
@@ -146,8 +132,43 @@ class RecordingStream:
     def set_playback_ahead(self, seconds: float) -> None:
         self.inner.set_playback_ahead(seconds)
 
-    def __aiter__(self) -> RecordingStream:
+    def __aiter__(self) -> PassThroughStream:
         return self
+
+    async def __anext__(self) -> np.ndarray:
+        return await self.inner.__anext__()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    async def __aenter__(self) -> PassThroughStream:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+class RecordingStream(PassThroughStream):
+    """An engine stream whose complete answer is handed to ``on_complete`` (module docstring)."""
+
+    def __init__(
+        self,
+        inner: SpeechStream,
+        *,
+        key: str,
+        voice: str,
+        max_samples: int,
+        on_complete: Callable[[CachedAudio], None],
+    ) -> None:
+        super().__init__(inner)
+        self._key = key
+        self._voice = voice
+        self._max_samples = max_samples
+        self._on_complete = on_complete
+        self._chunks: list[np.ndarray] | None = []
+        self._samples = 0
 
     async def __anext__(self) -> np.ndarray:
         try:
@@ -171,11 +192,3 @@ class RecordingStream:
     async def aclose(self) -> None:
         self._chunks = None  # a complete answer was handed over when it ended
         await self.inner.aclose()
-
-    async def __aenter__(self) -> RecordingStream:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
