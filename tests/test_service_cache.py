@@ -138,3 +138,51 @@ async def test_concurrent_identical_requests_all_get_the_same_audio(tmp_path: Pa
         first = await client.post(url, json=body("Many ask for this at once."))
         replies = await asyncio.gather(*(client.post(url, json=body("Many ask for this at once.")) for _ in range(8)))
     assert all(r.headers["x-cache"] == "hit" and r.content == first.content for r in replies)
+
+
+async def test_zero_shot_answers_are_cached_under_their_prompt(tmp_path: Path) -> None:
+    from tests.api_helpers import CloningFakeBackend, prompt_wav
+
+    backend = CloningFakeBackend()
+    files = {"prompt_wav": ("p.wav", prompt_wav(), "audio/wav")}
+    config = {"tts": {"voices_dir": str(tmp_path)}}
+    async with running_gateway(config, backend=backend) as gw, httpx.AsyncClient(timeout=30) as client:
+        url = f"{gw.url}/tts/zero_shot"
+        first = await client.post(url, data={"text": "Cloned words.", "prompt_text": "你好"}, files=files)
+        again = await client.post(url, data={"text": "Cloned words.", "prompt_text": "你好"}, files=files)
+        other = await client.post(url, data={"text": "Cloned words.", "prompt_text": "再见"}, files=files)
+    assert first.status_code == again.status_code == other.status_code == 200
+    assert again.content == first.content and again.headers["x-cache"] == "hit"
+    assert other.headers["x-cache"] == "miss"  # another prompt is another voice
+    assert len(backend.zero_shot_prompts) == 2
+
+
+async def test_the_fixed_phrases_keep_their_audio_until_the_new_is_ready(monkeypatch) -> None:
+    import gateway.speech.phrases as phrases_module
+    from gateway.config import CacheConfig
+    from gateway.service.cache import AudioCache
+    from gateway.speech.phrases import Phrases
+    from tests.turn_fakes import RATE, FakeEngine
+
+    apology = "Sorry, I could not answer that."
+    revision = {"now": "r1"}  # the voice's version (a preset replaced through /v1/voices changes it)
+    monkeypatch.setattr(phrases_module, "voice_revision", lambda voices, name: revision["now"])
+    cache = AudioCache(CacheConfig())
+    phrases = Phrases([apology], output_rate=RATE, voice="default", cache=cache)
+    await phrases.prepare(FakeEngine())
+    (old_key,) = [e.key for e in phrases._audio.values()]
+    assert cache.peek(old_key) is not None  # pinned in the cache, where the API finds it too
+
+    revision["now"] = "r2"
+    stuck = FakeEngine(hang=(apology,))  # the new version cannot be made yet
+    refresh = asyncio.create_task(phrases.prepare(stuck, timeout_s=0.3))
+    await asyncio.sleep(0.05)
+    assert phrases.stream(apology, None) is not None and phrases.any_voice(apology) is not None
+    await refresh
+    assert phrases.stream(apology, None) is not None  # the new one failed: the old plays on
+    assert phrases.status()["missing"] == []
+
+    await phrases.prepare(FakeEngine())  # tried again, made
+    (new_key,) = [e.key for e in phrases._audio.values()]
+    assert new_key != old_key and cache.peek(new_key) is not None
+    assert cache.peek(old_key) is None  # the old version is no longer pinned (nor kept)

@@ -72,6 +72,7 @@ class Phrases:
         self._read_cache = read_cache and cache is not None and cache.enabled
         self._audio: dict[str, CachedAudio] = {}  # text -> its audio in self.voice
         self._previous: dict[str, CachedAudio] = {}  # the last voice's, for any_voice() while one is missing
+        self._stale: set[str] = set()  # kept from the voice's previous version: the new one failed
         self._refresh: asyncio.Task[None] | None = None
         self.prepared_in_s: float | None = None
 
@@ -104,7 +105,8 @@ class Phrases:
             voice = engine.resolve_voice(None)
         revision = voice_revision(self._voices, voice)
         same = voice == self.voice and revision == self._revision
-        made: dict[str, CachedAudio] = dict(self._audio) if same else {}
+        made = {t: e for t, e in self._audio.items() if t not in self._stale} if same else {}
+        stale: set[str] = set()
         started = time.monotonic()
         for text in self.texts:
             if text in made:
@@ -115,10 +117,13 @@ class Phrases:
                 entry = await self._speak(engine, text, voice, key, timeout_s)
             if entry is not None:
                 made[text] = entry
+            elif voice == self.voice and text in self._audio:  # the new one failed: the old plays on,
+                made[text] = self._audio[text]  # and the next prepare() tries again
+                stale.add(text)
         old = self._audio
         if not same:
             self._previous = {**self._previous, **old}
-        self._audio, self.voice, self._revision = made, voice, revision
+        self._audio, self.voice, self._revision, self._stale = made, voice, revision, stale
         if self._cache is not None:
             for entry in made.values():
                 self._cache.pin(entry)
