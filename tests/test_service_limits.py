@@ -193,3 +193,23 @@ async def test_the_openai_sdk_retries_a_rate_limit_after_retry_after_and_stops_a
         assert refused.value.code == "insufficient_quota"
         assert seen == [200, 429]  # x-should-retry: false: waiting seconds does not help, no retry
         await http.aclose()
+
+
+async def test_a_key_uses_and_adds_only_the_voices_it_is_given(tmp_path) -> None:
+    from tests.api_helpers import CloningFakeBackend
+    from tests.test_api_voices import upload
+
+    backend = CloningFakeBackend(voices=("default", "bob"))
+    async with running_gateway({"tts": {"voices_dir": str(tmp_path)}, "api": {"unknown_voice": "strict"}},
+                               backend=backend) as gw, httpx.AsyncClient(timeout=30) as client:  # fmt: skip
+        key = await add_key(gw, Account(name="narrow", voices=("default",), add_voices=("mine",)))
+        auth = {"Authorization": f"Bearer {key}"}
+        own = await client.post(f"{gw.url}/v1/audio/speech", headers=auth, json={"input": "hi", "voice": "default"})
+        other = await client.post(f"{gw.url}/v1/audio/speech", headers=auth, json={"input": "hi", "voice": "bob"})
+        theirs = await client.post(f"{gw.url}/v1/voices", headers=auth, **upload("alice"))
+        mine = await client.post(f"{gw.url}/v1/voices", headers=auth, **upload("mine"))
+        use_mine = await client.post(f"{gw.url}/v1/audio/speech", headers=auth, json={"input": "hi", "voice": "mine"})
+    assert own.status_code == 200
+    assert other.status_code == 403 and other.json()["error"]["code"] == "voice_not_allowed"
+    assert theirs.status_code == 403 and mine.status_code in (200, 201)
+    assert use_mine.status_code == 200  # a voice it may add, it may use
