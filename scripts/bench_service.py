@@ -8,7 +8,9 @@ One gateway in its own process (`python -m gateway serve`, engine in-process, ba
 for a GPU model whose batched step costs the same for 1 or 128 streams), then, in one run:
 
 1. idle capacity: --batch-concurrency API streams at once (interactive class, raw PCM read as fast as it
-   comes) of the batch's texts: seconds of audio the engine makes per second when nothing else runs;
+   comes) of the batch's texts: seconds of audio the engine makes per second when nothing else runs (the
+   bench's own HTTP reading costs CPU here, so this understates the engine; the nominal capacity of
+   gpu-sim at that concurrency, concurrency x chunk_ms / (step_ms + python_ms), is printed too);
 2. devices alone: --devices simulated devices (scripts/device_sim.py) x --turns typed turns: time from
    query to first audio frame, p50/p95;
 3. a --items batch job (POST /v1/audio/batches, every item --item-chars characters) alone for
@@ -104,6 +106,8 @@ async def main_async(args: argparse.Namespace) -> int:
         "XZ_TTS__GPU_SIM__STEP_MS": str(args.gpu_sim_step_ms), "XZ_TTS__GPU_SIM__PYTHON_MS": str(args.gpu_sim_python_ms),
     }  # fmt: skip
     item_s = FakeBackend().num_samples_for(item_text(0, args.item_chars)) / RATE
+    chunk_ms = 40.0  # config.yaml tts.gpu_sim.chunk_ms (not changed here)
+    nominal = args.batch_concurrency * chunk_ms / (args.gpu_sim_step_ms + args.gpu_sim_python_ms)
     results: dict[str, float | str] = {}
     with server_process("gpu-sim", port, env):
         await wait_ready(url, timeout=180)
@@ -159,6 +163,9 @@ async def main_async(args: argparse.Namespace) -> int:
         "batch_items": args.items, "item_audio_s": round(item_s, 2),
         "batch_alone_audio_s_per_s": round(batch_alone, 1),
         "batch_share_of_idle_capacity_pct": round(100 * batch_alone / capacity, 1),
+        # gpu-sim's nominal capacity at this concurrency: every stream gets chunk_ms of audio per step
+        "nominal_capacity_audio_s_per_s": round(nominal, 1),
+        "batch_share_of_nominal_capacity_pct": round(100 * batch_alone / nominal, 1),
         "batch_beside_devices_audio_s_per_s": round(batch_beside, 1),
         "batch_items_done_by_end_of_device_phase": done2, "batch_status_then": state,
         "cache_miss_first_byte_ms_median": round(statistics.median(misses) * 1000, 2),
