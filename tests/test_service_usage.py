@@ -94,3 +94,22 @@ async def test_the_keys_cli_prints_a_key_once_and_reports_its_usage(tmp_path: Pa
         gone = await client.post(f"{gw.url}/v1/audio/speech", headers={"Authorization": f"Bearer {key}"},
                                  json={"input": "no more"})  # fmt: skip
     assert gone.status_code == 401
+
+
+async def test_a_device_turn_is_metered_per_device() -> None:
+    import asyncio
+
+    from gateway.metrics import GatewayMetrics
+    from gateway.service.usage import UsageMeter
+    from gateway.speech.turns import usage_recorder
+    from tests.test_turn import FIRST, SECOND, make_turn
+    from tests.turn_fakes import ScriptedLLM
+
+    meter = UsageMeter(None)
+    turn, _ = make_turn(ScriptedLLM([FIRST, SECOND]), recorder=usage_recorder(GatewayMetrics(), meter, "aa:bb"))
+    await asyncio.wait_for(turn.answer("q", [{"role": "user", "content": "q"}]), 10)
+    (row,) = await meter.report()
+    assert row.subject == "device:aa:bb" and row.requests == 1 and row.errors == 0
+    assert row.characters == len(FIRST) + len(SECOND)
+    assert turn.result is not None and abs(row.audio_s - turn.result.frames * 0.06) < 1e-6 and row.audio_s > 0
+    assert sum(row.first_byte) == 1
