@@ -1,7 +1,8 @@
 """`python -m gateway serve [--config FILE] [--host H] [--port P]`; `python -m gateway check [--config FILE]
 [--no-synth] [--json] [--verbose]` (what works with the configured models, docs/check.md);
 `python -m gateway devices bind CODE [--agent NAME]` and the other `devices` / `agents` commands
-(gateway/devices/cli.py, docs/devices-and-agents.md)."""
+(gateway/devices/cli.py, docs/devices-and-agents.md); `python -m gateway keys add|list|revoke|usage`
+(API keys in the store, gateway/keys_cli.py)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     from gateway.devices import cli as devices_cli
 
     devices_cli.add_arguments(sub)
+
+    from gateway import keys_cli
+
+    keys_cli.add_arguments(sub.add_parser("keys", help="API keys in the store: add, list, revoke, usage"))
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
@@ -75,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         return check_report.run(args)
     if args.command in ("devices", "agents"):
         return devices_cli.run(args)
+    if args.command == "keys":
+        return keys_cli.run(args)
     return 2
 
 

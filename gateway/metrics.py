@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -34,8 +34,58 @@ class _EngineCollector(Collector):
             yield GaugeMetricFamily(f"xz_engine_{key}", f"TTS engine statistic {key}", value=value)
 
 
+class KeyLabels:
+    """API key names as metric labels, bounded: the first ``max_keys`` names get their own, later ones
+    share ``other``; a request whose key is not valid is ``unknown``."""
+
+    OTHER = "other"
+    UNKNOWN = "unknown"
+
+    def __init__(self, max_keys: int = 50) -> None:
+        self.max_keys = max_keys
+        self._named: set[str] = set()
+
+    def __call__(self, name: str | None) -> str:
+        if name is None:
+            return self.UNKNOWN
+        if name in self._named:
+            return name
+        if len(self._named) < self.max_keys:
+            self._named.add(name)
+            return name
+        return self.OTHER
+
+
+class _CacheCollector(Collector):
+    """The audio cache's counters and sizes at scrape time."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+        self._stats = stats
+
+    def collect(self):
+        s = self._stats()
+        hits = CounterMetricFamily("xz_cache_hits", "Audio cache hits, by tier", labels=["tier"])
+        hits.add_metric(["memory"], s["hits_memory"])
+        hits.add_metric(["disk"], s["hits_disk"])
+        yield hits
+        yield CounterMetricFamily("xz_cache_misses", "Audio cache misses (synthesised)", value=s["misses"])
+        size = GaugeMetricFamily("xz_cache_bytes", "Audio kept by the cache, by tier", labels=["tier"])
+        size.add_metric(["memory"], s["bytes_memory"])
+        size.add_metric(["disk"], s["bytes_disk"])
+        yield size
+        entries = GaugeMetricFamily("xz_cache_entries", "Audio cache entries, by tier", labels=["tier"])
+        entries.add_metric(["memory"], s["entries_memory"])
+        entries.add_metric(["disk"], s["entries_disk"])
+        yield entries
+        evictions = CounterMetricFamily("xz_cache_evictions", "Entries dropped for room, by tier", labels=["tier"])
+        evictions.add_metric(["memory"], s["evictions_memory"])
+        evictions.add_metric(["disk"], s["evictions_disk"])
+        yield evictions
+        yield CounterMetricFamily("xz_cache_damaged", "Disk entries found damaged and dropped", value=s["damaged_disk"])
+
+
 class GatewayMetrics:
-    def __init__(self) -> None:
+    def __init__(self, *, max_key_labels: int = 50) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.sessions_active = Gauge("xz_sessions_active", "Device sessions open now", registry=r)
@@ -92,6 +142,42 @@ class GatewayMetrics:
             buckets=AEC_DELAY_BUCKETS,
             registry=r,
         )
+
+        # the HTTP/WS API per key (names bounded by KeyLabels), the batch runner
+        self.key_label = KeyLabels(max_key_labels)
+        self.api_requests = Counter(
+            "xz_api_requests", "API requests, by key and outcome (ok, error, rate_limited)", ["key", "outcome"],
+            registry=r,
+        )
+        self.api_characters = Counter("xz_api_characters", "Characters of text spoken, by key", ["key"], registry=r)
+        self.api_audio_seconds = Counter("xz_api_audio_seconds", "Audio produced, by key", ["key"], registry=r)
+        self.api_first_byte_seconds = Histogram(
+            "xz_api_first_byte_seconds", "Speech requests: arrival to the first audio byte, by key", ["key"],
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.api_rate_limited = Counter(
+            "xz_api_rate_limited", "Requests refused by a limit, by key and limit", ["key", "limit"], registry=r
+        )
+        self.batch_items = Counter(
+            "xz_batch_items", "Batch items finished by this gateway, by outcome", ["outcome"], registry=r
+        )
+
+    def observe_api(self, key: str | None, *, ok: bool, characters: int = 0, audio_s: float = 0.0,
+                    first_byte_s: float | None = None, limited: str | None = None) -> None:  # fmt: skip
+        """One API request of key ``key`` (None: a key that is not valid)."""
+        label = self.key_label(key)
+        self.api_requests.labels(label, "rate_limited" if limited else "ok" if ok else "error").inc()
+        if limited:
+            self.api_rate_limited.labels(label, limited).inc()
+        if characters:
+            self.api_characters.labels(label).inc(characters)
+        if audio_s:
+            self.api_audio_seconds.labels(label).inc(audio_s)
+        if first_byte_s is not None:
+            self.api_first_byte_seconds.labels(label).observe(first_byte_s)
+
+    def watch_cache(self, stats: Callable[[], dict[str, Any]]) -> None:
+        self.registry.register(_CacheCollector(stats))
 
     def observe_tool_call(self, source: str, outcome: str, seconds: float) -> None:
         """One tool call the LLM made: its source (``builtin``, ``device``, ``mcp:NAME``), outcome, time."""

@@ -1,11 +1,13 @@
 """What every session shares: config, the TTS engine, the LLM, ASR, metrics, the store, the device
-registry and activation, the agents and their LLM clients, vision."""
+registry and activation, the agents and their LLM clients, vision, and the service's parts (API keys as
+accounts, limits, usage, the audio cache, batch jobs: gateway/service)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.agents.active import Agents
@@ -20,7 +22,7 @@ from gateway.checks.model import (
     log_checks,
     tts_file_checks,
 )
-from gateway.config import Config, ConfigError, LLMConfig
+from gateway.config import DEFAULT_CONFIG_PATH, Config, ConfigError, LLMConfig
 from gateway.device.registry import LiveSession, SessionRegistry
 from gateway.devices.activation import Activation, ActivationKeys
 from gateway.devices.registry import DeviceRegistry
@@ -31,6 +33,11 @@ from gateway.llm.memory import ConversationMemory
 from gateway.llm.memory_store import MEMORY_SCHEMA
 from gateway.llm.openai_chat import OpenAIChatLLM
 from gateway.metrics import GatewayMetrics
+from gateway.service.accounts import KEYS_SCHEMA, Accounts
+from gateway.service.batches import BATCHES_SCHEMA, BatchRunner, BatchStore
+from gateway.service.cache import AudioCache
+from gateway.service.limits import Limiter
+from gateway.service.usage import USAGE_SCHEMA, UsageMeter
 from gateway.speech.phrases import Phrases
 from gateway.speech.turn import TurnConfig, turn_config
 from gateway.store import Schema, Store, StoreError, StoreUnavailable
@@ -48,7 +55,9 @@ log = logging.getLogger(__name__)
 # The tables in the store (gateway/store, docs/store.md): one Schema per feature module that keeps data,
 # declared in that module and listed here once; migrated at start-up in this order (a schema whose tables
 # reference another's comes after it).
-STORE_SCHEMAS: tuple[Schema, ...] = (MEMORY_SCHEMA, AGENTS_SCHEMA, DEVICES_SCHEMA)
+STORE_SCHEMAS: tuple[Schema, ...] = (
+    MEMORY_SCHEMA, AGENTS_SCHEMA, DEVICES_SCHEMA, KEYS_SCHEMA, USAGE_SCHEMA, BATCHES_SCHEMA
+)
 
 
 def engine_sections(config: Config) -> dict[str, Any]:
@@ -56,10 +65,15 @@ def engine_sections(config: Config) -> dict[str, Any]:
     return {name: getattr(config, name).model_dump(mode="json") for name in ("tts", "engine", "gpu")}
 
 
-def fixed_phrases(config: Config, turns: TurnConfig) -> Phrases:
-    """The sentences a device must hear even when no engine can speak, in the configured voice."""
-    texts = [config.llm.apology, config.llm.tool_filler, config.asr.not_configured_reply]
-    return Phrases(texts, output_rate=turns.sample_rate, voice=turns.voice)
+def fixed_phrases(
+    config: Config, turns: TurnConfig, cache: AudioCache | None = None, voices: VoiceStore | None = None
+) -> Phrases:
+    """The sentences a device hears again and again, one of them even when no engine can speak, in the
+    configured voice: pinned in the audio cache (gateway/speech/phrases.py)."""
+    greeting = [config.session.greeting] if config.session.enable_greeting else []
+    texts = [*greeting, config.llm.apology, config.llm.tool_filler, config.asr.not_configured_reply]
+    return Phrases(texts, output_rate=turns.sample_rate, voice=turns.voice, cache=cache, voices=voices,
+                   read_cache=config.cache.devices)  # fmt: skip
 
 
 def create_llm(cfg: LLMConfig) -> ChatLLM:
@@ -117,6 +131,14 @@ class Services:
     phrases: Phrases | None = None
     # what every device turn reads of the config (the downlink's output rate, the voice, Opus, pacing)
     turns: TurnConfig = field(default_factory=TurnConfig)
+    # the service (gateway/service, docs/service.md): keys as accounts, their limits, usage per key and day,
+    # the exact audio cache, batch jobs in the store and their runner
+    accounts: Accounts = field(default_factory=lambda: Accounts(()))
+    limiter: Limiter = field(default_factory=Limiter)
+    usage: UsageMeter = field(default_factory=lambda: UsageMeter(None))
+    cache: AudioCache | None = None
+    batches: BatchStore | None = None
+    batch_runner: BatchRunner | None = None
     _closing: set[asyncio.Task[None]] = field(default_factory=set)
 
     @classmethod
@@ -146,21 +168,25 @@ class Services:
             else:
                 engine, checks = _in_process_engine(config, choice)
         turns = turn_config(config)
+        cache = AudioCache(config.cache, root=DEFAULT_CONFIG_PATH.parent)
+        voices = VoiceStore(config.tts.voices_dir)
         services = cls(
             config=config,
             turns=turns,
             engine=engine,
             llm=llm or create_llm(config.llm),
             asr=asr or create_asr(config.asr, config.gpu),
-            metrics=GatewayMetrics(),
+            metrics=GatewayMetrics(max_key_labels=config.service.metrics_max_keys),
             tts_warning=warning,
-            voices=VoiceStore(config.tts.voices_dir),
-            phrases=fixed_phrases(config, turns),
+            voices=voices,
+            phrases=fixed_phrases(config, turns, cache, voices),
+            cache=cache,
         )
         try:
             services.store = Store.from_config(config.store, STORE_SCHEMAS)
         except StoreError as exc:
             raise ConfigError(str(exc)) from None
+        services.build_service()
         # memory is on per agent (the default agent's from session.memory), so it is always at hand
         services.memory = ConversationMemory.open(config.session, services.llm, services.store)
         services.devices = DeviceRegistry(services.store, config.devices)
@@ -174,14 +200,38 @@ class Services:
             services.checks = checks + asr_status_checks(services.asr)
             log_checks(services.checks)
         services.metrics.watch_engine(lambda: services.engine.stats)
+        services.metrics.watch_cache(cache.stats)
         return services
+
+    def build_service(self) -> None:
+        """Keys, limits, usage and batch jobs on the store (docs/service.md)."""
+        service, config = self.config.service, self.config
+        self.accounts = Accounts(config.api.api_keys, store=self.store, require_keys=service.require_keys,
+                                 refresh_s=service.key_refresh_s, cache_size=service.key_cache_size)  # fmt: skip
+        self.usage = UsageMeter(self.store, flush_s=service.usage_flush_s, refresh_s=service.key_refresh_s)
+        self.limiter = Limiter(used=self.usage.used)
+        if config.batches.enabled and self.store is not None:
+            self.batches = BatchStore(self.store)
+            folder = Path(config.batches.dir)
+            self.batch_runner = BatchRunner(
+                self.batches, self.engine, config.batches,
+                folder if folder.is_absolute() else DEFAULT_CONFIG_PATH.parent / folder,
+                cache=self.cache, voices_of=lambda: self.voices, meter=self.usage,
+                on_outcome=lambda outcome: self.metrics.batch_items.labels(outcome).inc(),
+            )  # fmt: skip
 
     async def start(self) -> None:
         await self.open_store()
+        await self.usage.start()
         await self.engine.start()
+        if self.cache is not None:  # the model's revision is part of every key: after the engine started
+            await self.cache.start(self.engine, Path(self.config.tts.model_dir))
         await self.register_voices()
         if self.phrases is not None:  # before the first device: the apology must not need the engine
             await self.phrases.start(self.engine)
+        await self.accounts.refresh()  # whether keys in the store make keys needed
+        if self.batch_runner is not None:
+            await self.batch_runner.start()  # unfinished jobs resume
         await self.start_mcp_servers()
 
     async def open_store(self) -> None:
@@ -245,9 +295,13 @@ class Services:
 
     async def close(self) -> None:
         await self.sessions.close_all()
+        if self.batch_runner is not None:
+            await self.batch_runner.aclose()  # its items go back to the store (bounded)
         if self.phrases is not None:
             await self.phrases.aclose()
         await self.engine.close()
+        if self.cache is not None:
+            await self.cache.aclose()  # queued disk writes land first (bounded)
         if self.mcp_servers is not None:
             await self.mcp_servers.aclose()  # stops their processes (bounded)
         if self.memory is not None:
@@ -258,6 +312,7 @@ class Services:
             await self.agents.aclose()
         if self.llms is not None:
             await self.llms.aclose()  # the agents' own LLM clients
+        await self.usage.aclose()  # what was metered and not written yet (bounded)
         if self.store is not None:
             await self.store.close()  # after everything that writes to it (bounded)
         aclose = getattr(self.llm, "aclose", None)
@@ -286,6 +341,8 @@ class Services:
             "mcp_servers": self.mcp_servers.status() if self.mcp_servers is not None else [],
             "phrases": self.phrases.status() if self.phrases is not None else None,
             "store": self.store.status() if self.store is not None else None,
+            "cache": self.cache.stats() if self.cache is not None else None,
+            "batches": {"running_items": self.batch_runner.running} if self.batch_runner is not None else None,
         }
 
 

@@ -19,8 +19,9 @@ async def test_health_reports_engine_voices_and_memory():
     assert health["device"] == "cpu"
     assert health["engine"] == {**health["engine"], "backend": "fake", "model": "fake", "state": "running",
                                 "sample_rate": 24000, "supports_cloning": False, "live_requests": 0}  # fmt: skip
-    # this request's, after the fixed phrases made at start-up (gateway/speech/phrases.py)
-    assert health["phrases"]["stored"] == 3 and health["phrases"]["missing"] == []
-    assert health["tts"]["stats"]["requests_finished"] == 1 + 3
+    # this request's, after the fixed phrases made at start-up (the greeting, apology, tool filler and
+    # no-ASR notice: gateway/speech/phrases.py)
+    assert health["phrases"]["stored"] == 4 and health["phrases"]["missing"] == []
+    assert health["tts"]["stats"]["requests_finished"] == 1 + 4
     assert health["voices"] == {"default": "default", "count": 2, "names": ["default", "bob"], "presets": []}
     assert "budget_gib" in health["memory"] and health["memory"]["process_rss_bytes"] > 10_000_000

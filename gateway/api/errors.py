@@ -20,6 +20,8 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException  # what FastAPI raises for a body it could not parse
 
 from audio_codecs.errors import AudioCodecError
+from gateway.service.limits import RateLimited
+from gateway.store import StoreError, StoreUnavailable
 from tts_engine.errors import (
     EngineClosed,
     EngineError,
@@ -34,9 +36,11 @@ log = logging.getLogger(__name__)
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     409: "conflict_error",
     413: "invalid_request_error",
+    429: "rate_limit_error",
     501: "not_implemented_error",
     503: "overloaded_error",
 }
@@ -53,6 +57,7 @@ class ApiError(Exception):
         code: str = "invalid_request",
         param: str | None = None,
         headers: Mapping[str, str] | None = None,
+        type: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status_code = status_code
@@ -60,9 +65,11 @@ class ApiError(Exception):
         self.code = code
         self.param = param
         self.headers = dict(headers or {})
+        self.type = type
 
     def body(self) -> dict[str, Any]:
-        error_type = _TYPES.get(self.status_code, "server_error" if self.status_code >= 500 else "error")
+        default = _TYPES.get(self.status_code, "server_error" if self.status_code >= 500 else "error")
+        error_type = self.type or default
         return {
             "error": {"message": self.message, "type": error_type, "param": self.param, "code": self.code}
         }
@@ -71,10 +78,32 @@ class ApiError(Exception):
         return JSONResponse(self.body(), status_code=self.status_code, headers=self.headers)
 
 
+def limit_error(exc: RateLimited) -> ApiError:
+    """A request over its key's limits, as OpenAI answers it (gateway/service/limits.py): the error's
+    ``type`` is ``requests`` or ``tokens`` (characters) for a rate, ``insufficient_quota`` for a quota."""
+    kind = "insufficient_quota" if exc.code == "insufficient_quota" else "tokens" if exc.kind == "characters" else "requests"
+    if exc.status != 429:
+        kind = "invalid_request_error"
+    param = "input" if exc.kind == "characters" else None
+    return ApiError(exc.status, exc.message, code=exc.code, headers=exc.headers, type=kind, param=param)
+
+
+def store_error(exc: StoreError) -> ApiError:
+    """The store could not answer a request that needs it (keys, usage, quotas, batch jobs)."""
+    if isinstance(exc, StoreUnavailable):
+        return ApiError(503, f"the gateway's store is unavailable: {exc}", code="store_unavailable",
+                        headers={"Retry-After": "2"})  # fmt: skip
+    return ApiError(500, f"the gateway's store failed: {exc}", code="store_error")
+
+
 def api_error(exc: Exception) -> ApiError:
     """The answer for an exception raised by the engine, the voice store or the codecs."""
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, RateLimited):
+        return limit_error(exc)
+    if isinstance(exc, StoreError):
+        return store_error(exc)
     if isinstance(exc, UnknownVoice):
         return ApiError(400, str(exc), code="unknown_voice", param="voice")
     if isinstance(exc, EngineOverloaded):

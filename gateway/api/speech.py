@@ -22,15 +22,17 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from audio_codecs.formats import AUDIO_FORMATS, CONTENT_TYPES, StreamingEncoder, encode_audio
-from gateway.api.auth import require_api_key
+from gateway.api.auth import current_account, require_api_key
 from gateway.api.errors import ApiRoute
 from gateway.api.synthesis import (
     ClientGone,
     EngineStreamingResponse,
+    admit,
     audio_headers,
     check_audio_format,
     check_sample_rate,
     check_text,
+    check_voice_allowed,
     choose_voice,
     chunks_from,
     client_gone_response,
@@ -38,6 +40,7 @@ from gateway.api.synthesis import (
     encoded_body,
     first_chunk,
     open_stream,
+    served_of,
     services_of,
 )
 from tts_engine import SpeechStream
@@ -53,6 +56,8 @@ _AUDIO_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"content": {ctype: {} for ctype in CONTENT_TYPES.values()}, "description": "audio"},
     400: {"description": "bad request (text, voice, format, sample rate, speed)"},
     401: {"description": "missing or invalid API key"},
+    403: {"description": "the key may not use this voice"},
+    429: {"description": "over the key's limits (Retry-After, x-ratelimit-* headers)"},
     503: {"description": "engine busy or shutting down"},
 }
 
@@ -101,7 +106,7 @@ class IndexStreamRequest(BaseModel):
 @router.post("/v1/tts", responses=_AUDIO_RESPONSES, response_class=Response)
 async def tts_file(request: Request, body: TtsRequest) -> Response:
     """Synthesise ``text`` and return the whole file (``audio/wav`` by default)."""
-    stream, rate = _prepare(
+    stream, rate = await _prepare(
         request, body.text, body.voice, body.format, body.sample_rate, body.speed, body.instruct
     )
     return await _whole_file(request, stream, body.format, rate)
@@ -118,14 +123,14 @@ async def tts_file_get(
     instruct: Annotated[str | None, Query()] = None,
 ) -> Response:
     """``POST /v1/tts`` as a query string, for clients that only GET (the incumbent's ``custom`` provider)."""
-    stream, rate = _prepare(request, text, voice, format, sample_rate, speed, instruct)
+    stream, rate = await _prepare(request, text, voice, format, sample_rate, speed, instruct)
     return await _whole_file(request, stream, format, rate)
 
 
 @router.post("/v1/tts/stream", responses=_AUDIO_RESPONSES, response_class=Response)
 async def tts_stream(request: Request, body: TtsRequest) -> Response:
     """Stream the audio as it is synthesised: WAV with a streaming header (sizes 0xFFFFFFFF), raw PCM, ..."""
-    stream, rate = _prepare(
+    stream, rate = await _prepare(
         request, body.text, body.voice, body.format, body.sample_rate, body.speed, body.instruct
     )
     return await _streamed(request, stream, StreamingEncoder(body.format, rate))
@@ -136,7 +141,7 @@ async def openai_speech(request: Request, body: SpeechRequest) -> Response:
     """OpenAI-compatible speech (``client.audio.speech.create``)."""
     fmt = body.response_format
     voice = body.voice.id if isinstance(body.voice, VoiceId) else body.voice
-    stream, rate = _prepare(request, body.input, voice, fmt, body.sample_rate, body.speed, body.instructions,
+    stream, rate = await _prepare(request, body.input, voice, fmt, body.sample_rate, body.speed, body.instructions,
                             text_param="input", format_param="response_format")  # fmt: skip
     if body.stream_format == "audio" and fmt in _WHOLE_FILE_FORMATS:
         return await _whole_file(request, stream, fmt, rate)
@@ -151,14 +156,14 @@ async def openai_speech(request: Request, body: SpeechRequest) -> Response:
         _sse_events(stream, first, encoder, num_chars=len(body.input)),
         stream=stream,
         media_type="text/event-stream",
-        headers=audio_headers(rate, {"X-Audio-Format": fmt}),
+        headers=audio_headers(rate, {"X-Audio-Format": fmt}, served=served_of(request)),
     )
 
 
 @router.post("/tts", responses=_AUDIO_RESPONSES, response_class=Response)
 async def index_stream_tts(request: Request, body: IndexStreamRequest) -> Response:
     """The incumbent's ``index_stream`` provider: chunked raw s16le mono 24 kHz PCM, no header."""
-    stream, rate = _prepare(request, body.text, body.character, "pcm", INDEX_STREAM_RATE, 1.0, None,
+    stream, rate = await _prepare(request, body.text, body.character, "pcm", INDEX_STREAM_RATE, 1.0, None,
                             voice_param="character")  # fmt: skip
     encoder = StreamingEncoder("pcm", rate)
     return await _streamed(request, stream, encoder, media_type="application/octet-stream")
@@ -167,7 +172,7 @@ async def index_stream_tts(request: Request, body: IndexStreamRequest) -> Respon
 # -- plumbing -------------------------------------------------------------------------------------
 
 
-def _prepare(
+async def _prepare(
     request: Request,
     text: str,
     voice: str | None,
@@ -180,13 +185,18 @@ def _prepare(
     voice_param: str = "voice",
     format_param: str = "format",
 ) -> tuple[SpeechStream, int]:
-    """Check the request (400s name the offending field) and queue it in the engine: (stream, rate)."""
+    """Check the request (400s name the offending field, 403 a voice the key may not use), then its key's
+    limits (429), then open its audio: from the cache or queued in the engine. (stream, rate)."""
     services = services_of(request)
     rate = check_sample_rate(services, sample_rate)
     check_audio_format(fmt, rate, param=format_param)
     check_text(services, text, param=text_param)
     name = choose_voice(services, voice, param=voice_param, lenient=True)  # api.unknown_voice applies
-    stream = open_stream(services, text, voice=name, output_rate=rate, speed=speed, instruct=instruct)
+    account, served = current_account(request), served_of(request)
+    check_voice_allowed(account, name, param=voice_param)
+    await admit(services, account, served, text)
+    stream = await open_stream(services, account, served, text, voice=name, output_rate=rate, speed=speed,
+                               instruct=instruct)  # fmt: skip
     return stream, rate
 
 
@@ -196,7 +206,7 @@ async def _whole_file(request: Request, stream: SpeechStream, fmt: str, sample_r
     except ClientGone:
         return client_gone_response()
     audio = await asyncio.to_thread(encode_audio, pcm, sample_rate, fmt)
-    return Response(audio, media_type=CONTENT_TYPES[fmt], headers=audio_headers(sample_rate))
+    return Response(audio, media_type=CONTENT_TYPES[fmt], headers=audio_headers(sample_rate, served=served_of(request)))
 
 
 async def _streamed(
@@ -210,7 +220,7 @@ async def _streamed(
         encoded_body(stream, first, encoder),
         stream=stream,
         media_type=media_type or encoder.content_type,
-        headers=audio_headers(encoder.sample_rate),
+        headers=audio_headers(encoder.sample_rate, served=served_of(request)),
     )
 
 

@@ -14,18 +14,25 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.requests import HTTPConnection
 from starlette.types import Receive, Scope, Send
 
 from audio_codecs.formats import StreamingEncoder, UnsupportedFormat, check_format
 from gateway.api.errors import ApiError, api_error
+from gateway.service.accounts import Account
+from gateway.service.limits import RateLimited, SpeechTicket
+from gateway.service.served import CountingStream, Served
+from gateway.service.speech import open_speech
+from gateway.service.usage import key_subject
 from gateway.services import Services
 from gateway.speech.text_cleaning import has_speech, lone_surrogate_at
+from gateway.store import StoreError
 from tts_engine import OUTPUT_RATES, SpeechStream
 from tts_engine.errors import EngineError, UnknownVoice
 
@@ -159,22 +166,71 @@ def check_audio_format(fmt: str, sample_rate: int, *, allowed: tuple[str, ...] |
         raise ApiError(400, str(exc), code="unsupported_format", param=param) from exc
 
 
-def open_stream(
+def check_voice_allowed(account: Account, voice: str, *, param: str = "voice") -> None:
+    """403 unless the key may use ``voice`` (its ``voices`` list; empty: every voice)."""
+    if not account.may_use_voice(voice):
+        raise ApiError(403, f"key {account.name!r} may not use voice {voice!r}", code="voice_not_allowed",
+                       param=param)  # fmt: skip
+
+
+async def admit(services: Services, account: Account, served: Served | None, text: str) -> SpeechTicket:
+    """The account's limits for a speech request of ``text`` (characters per minute, streams, quota),
+    checked before any work starts: 429 past one. The ticket is released when the answer is over (by the
+    HTTP guard through ``served``, or by the caller)."""
+    try:
+        await services.usage.refresh_quota(account)
+        ticket = services.limiter.admit_speech(account, len(text))
+    except (RateLimited, StoreError) as exc:
+        raise api_error(exc) from exc
+    if served is not None:
+        served.ticket, served.characters = ticket, len(text)
+    return ticket
+
+
+async def open_stream(
     services: Services,
+    account: Account,
+    served: Served | None,
     text: str,
     *,
     voice: str,
     output_rate: int,
     speed: float,
     instruct: str | None = None,
+    paced: bool = True,
 ) -> SpeechStream:
-    """Queue ``text`` in the shared engine; engine errors become API errors."""
+    """``text`` from the audio cache or queued in the shared engine (in the account's priority class);
+    engine errors become API errors. With ``served``, its audio is counted there."""
     try:
-        return services.engine.synthesize(
-            text, voice=voice, output_rate=output_rate, speed=speed, instruct=instruct or None
-        )
+        stream, hit = await open_speech(services.engine, services.cache, services.voices, account, text,
+                                        voice=voice, output_rate=output_rate, speed=speed,
+                                        instruct=instruct or None, paced=paced)  # fmt: skip
     except (EngineError, ValueError) as exc:
         raise api_error(exc) from exc
+    if served is None:
+        return stream
+    served.cache = None if hit is None else "hit" if hit else "miss"
+    return CountingStream(stream, served)
+
+
+def served_reporter(services: Services, *, limited: str | None = None) -> Callable[[Served], None]:
+    """What meters a finished request: the usage meter (per key and day) and the metrics (per key)."""
+
+    def report(served: Served) -> None:
+        account = served.account
+        first_byte = served.first_byte_s if served.speech else None
+        services.usage.record(key_subject(account.name), errors=int(served.error), characters=served.characters,
+                              audio_s=served.audio_s, first_byte_s=first_byte)  # fmt: skip
+        services.metrics.observe_api(account.name, ok=not served.error, characters=served.characters,
+                                     audio_s=served.audio_s, first_byte_s=first_byte, limited=limited)  # fmt: skip
+
+    return report
+
+
+def served_of(conn: HTTPConnection) -> Served | None:
+    """The request as the HTTP guard meters it (None where no guard ran)."""
+    served = conn.scope.get("state", {}).get("served")
+    return served if isinstance(served, Served) else None
 
 
 # -- waiting while watching the client -----------------------------------------------------------
@@ -289,11 +345,16 @@ class EngineStreamingResponse(StreamingResponse):
                 await aclose()
 
 
-def audio_headers(sample_rate: int, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Headers that tell raw-PCM clients what they get (harmless for containers)."""
+def audio_headers(
+    sample_rate: int, extra: Mapping[str, str] | None = None, *, served: Served | None = None
+) -> dict[str, str]:
+    """Headers that tell raw-PCM clients what they get (harmless for containers); ``X-Cache: hit|miss``
+    where the audio cache was asked."""
+    cache = {"X-Cache": served.cache} if served is not None and served.cache else {}
     return {
         "X-Sample-Rate": str(sample_rate),
         "X-Channels": "1",
         "Cache-Control": "no-store",
+        **cache,
         **(extra or {}),
     }

@@ -31,12 +31,13 @@ from fastapi.responses import JSONResponse
 from audio_codecs.errors import AudioCodecError
 from audio_codecs.formats import StreamingEncoder, decode_audio
 from audio_codecs.wav import float_to_int16, wav_bytes
-from gateway.api.auth import require_api_key
+from gateway.api.auth import current_account, require_api_key
 from gateway.api.errors import ApiError, api_error
 from gateway.api.forms import UploadRoute
 from gateway.api.synthesis import (
     ClientGone,
     EngineStreamingResponse,
+    admit,
     audio_headers,
     check_audio_format,
     check_sample_rate,
@@ -44,10 +45,13 @@ from gateway.api.synthesis import (
     client_gone_response,
     encoded_body,
     first_chunk,
+    served_of,
     services_of,
     text_limit,
     until_disconnect,
 )
+from gateway.service.served import CountingStream
+from gateway.service.speech import open_zero_shot
 from gateway.services import Services
 from gateway.voices.store import StagedVoice, VoiceExists, VoiceStore
 from tts_engine.engine import MAX_SPEED, MIN_SPEED
@@ -70,7 +74,8 @@ async def list_voices(request: Request) -> JSONResponse:
         await asyncio.to_thread(store.refresh)  # another gateway on the same folder may have changed it
     presets = store.names() if store is not None else []
     names = list(engine.voices) + [n for n in presets if n not in engine.voices]
-    data = [_describe(services, name) for name in names]
+    account = current_account(request)
+    data = [_describe(services, name) for name in names if account.may_use_voice(name)]
     return JSONResponse(
         {
             "object": "list",
@@ -103,6 +108,7 @@ async def add_voice(
         check_voice_name(name)
     except EngineError as exc:
         raise ApiError(400, str(exc), code="invalid_voice_name", param="name") from exc
+    _require_voice_admin(request, name)
     wav = await read_prompt_upload(services, prompt_wav)
     async with _voice_lock(request):  # one change of the voice set at a time
         await asyncio.to_thread(store.refresh)
@@ -131,8 +137,7 @@ async def add_voice(
             await asyncio.wait({unit})  # keep the voice lock until the unit is done
             raise
     log.info("voice %r added (%s)", name, preset.prompt_wav)
-    if services.phrases is not None:  # the fixed phrases are spoken in it: make them again
-        services.phrases.voice_changed(engine, name)
+    await _voice_changed(services, name)
     return JSONResponse(_describe(services, name), status_code=201)
 
 
@@ -142,6 +147,7 @@ async def delete_voice(request: Request, name: str) -> Response:
     services = services_of(request)
     engine = services.engine
     store = _store(services)
+    _require_voice_admin(request, name)
     await asyncio.to_thread(store.refresh)
     if name not in store:
         if name in engine.voices:
@@ -160,8 +166,7 @@ async def delete_voice(request: Request, name: str) -> Response:
         if name in store:
             await asyncio.to_thread(store.remove, name)
     log.info("voice %r removed", name)
-    if services.phrases is not None:
-        services.phrases.voice_changed(engine, name)
+    await _voice_changed(services, name)
     return Response(status_code=204)
 
 
@@ -184,20 +189,25 @@ async def zero_shot(
     rate = check_sample_rate(services, sample_rate)
     check_audio_format(format, rate, allowed=("pcm", "wav"))
     wav = await read_prompt_upload(services, prompt_wav)
+    account, served = current_account(request), served_of(request)
+    await admit(services, account, served, text)
     try:
-        stream = services.engine.synthesize_zero_shot(
-            text, prompt_wav=wav, prompt_text=prompt_text, output_rate=rate, speed=speed,
-            instruct=instruct or None,
-        )  # fmt: skip
+        stream, hit = await open_zero_shot(services.engine, services.cache, account, text, prompt_wav=wav,
+                                           prompt_text=prompt_text, output_rate=rate, speed=speed,
+                                           instruct=instruct or None)  # fmt: skip
     except (EngineError, ValueError) as exc:
         raise api_error(exc) from exc
+    if served is not None:
+        served.cache = None if hit is None else "hit" if hit else "miss"
+        stream = CountingStream(stream, served)
     try:
         first = await first_chunk(request, stream)
     except ClientGone:
         return client_gone_response()
     encoder = StreamingEncoder(format, rate)
     return EngineStreamingResponse(encoded_body(stream, first, encoder), stream=stream,
-                                   media_type=encoder.content_type, headers=audio_headers(rate))  # fmt: skip
+                                   media_type=encoder.content_type,
+                                   headers=audio_headers(rate, served=served))  # fmt: skip
 
 
 # -- helpers --------------------------------------------------------------------------------------
@@ -280,6 +290,23 @@ def _too_large(size: int, services: Services) -> ApiError:
     limit = services.config.api.max_prompt_bytes
     return ApiError(413, f"upload of {size} bytes; prompt_wav may be at most {limit} bytes (api.max_prompt_bytes)",
                     code="prompt_too_large", param="prompt_wav")  # fmt: skip
+
+
+async def _voice_changed(services: Services, name: str) -> None:
+    """A voice was added, replaced or removed: the audio cache drops what it holds in it, and the fixed
+    phrases are made again when they are spoken in it (the old audio plays until the new is ready)."""
+    if services.cache is not None:
+        await services.cache.invalidate_voice(name)
+    if services.phrases is not None:
+        services.phrases.voice_changed(services.engine, name)
+
+
+def _require_voice_admin(request: Request, name: str) -> None:
+    """403 unless the request's key may add, replace and remove voice ``name`` (``add_voices``)."""
+    account = current_account(request)
+    if not account.may_add_voice(name):
+        raise ApiError(403, f"key {account.name!r} may not add, replace or remove voice {name!r}",
+                       code="voice_not_allowed", param="name")  # fmt: skip
 
 
 def _voice_lock(request: Request) -> asyncio.Lock:

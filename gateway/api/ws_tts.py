@@ -14,9 +14,12 @@ Texts are spoken one after another in the order they arrive. Server -> client:
     {"type": "error", "id": "q1", "status": 400, "code": "unknown_voice", "message": "..."}
 
 Each text ends with exactly one ``done`` or ``error``; a bad message gets an ``error`` and the
-connection stays open. With API keys configured, the handshake needs ``Authorization: Bearer <key>``
-or ``?api_key=<key>``; without one the connection is refused (HTTP 403). A client that disconnects
-aborts its engine request at once.
+connection stays open. While keys are needed (gateway/api/auth.py), the handshake needs
+``Authorization: Bearer <key>`` or ``?api_key=<key>``; without one the connection is refused (HTTP 403).
+Each text is a request of that key: its limits are checked when it is about to be spoken (an ``error``
+with ``status`` 429, ``code`` and ``retry_after_s``), and it is metered like an HTTP request. Texts come
+from the audio cache when the same one was spoken before. A client that disconnects aborts its engine
+request at once.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import asyncio
 import base64
 import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -32,10 +36,23 @@ from fastapi import APIRouter, WebSocket
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.websockets import WebSocketDisconnect
 
-from gateway.api.auth import websocket_authorized
+from gateway.api.auth import websocket_account
 from gateway.api.errors import ApiError, api_error, validation_message
-from gateway.api.synthesis import check_sample_rate, check_text, choose_voice, open_stream
+from gateway.api.synthesis import (
+    admit,
+    check_sample_rate,
+    check_text,
+    check_voice_allowed,
+    choose_voice,
+    open_stream,
+    served_reporter,
+)
+from gateway.service.accounts import Account
+from gateway.service.limits import RateLimited
+from gateway.service.served import Served
 from gateway.services import Services
+from gateway.store import StoreError
+from tts_engine import SpeechStream
 from tts_engine.engine import MAX_SPEED, MIN_SPEED
 from tts_engine.errors import EngineError
 
@@ -45,6 +62,7 @@ router = APIRouter(tags=["speech"])
 
 MAX_QUEUED_TEXTS = 32
 _POLICY_VIOLATION = 1008
+_TRY_AGAIN_LATER = 1013
 
 
 class WsTtsRequest(BaseModel):
@@ -71,17 +89,23 @@ class _Job:
 
 @router.websocket("/ws/tts")
 async def ws_tts(websocket: WebSocket) -> None:
-    if not websocket_authorized(websocket):
+    try:
+        account = await websocket_account(websocket)
+    except StoreError:
+        await websocket.close(code=_TRY_AGAIN_LATER, reason="the gateway's store is unavailable")
+        return
+    if account is None:
         await websocket.close(code=_POLICY_VIOLATION, reason="missing or invalid API key")
         return
     await websocket.accept()
-    await _WsTtsConnection(websocket, websocket.app.state.services).run()
+    await _WsTtsConnection(websocket, websocket.app.state.services, account).run()
 
 
 class _WsTtsConnection:
-    def __init__(self, websocket: WebSocket, services: Services) -> None:
+    def __init__(self, websocket: WebSocket, services: Services, account: Account) -> None:
         self._ws = websocket
         self._services = services
+        self._account = account
         self._queue: asyncio.Queue[_Job] = asyncio.Queue()
         self._send_lock = asyncio.Lock()
         self._current: asyncio.Task[None] | None = None
@@ -143,10 +167,12 @@ class _WsTtsConnection:
     def _make_job(self, request: WsTtsRequest) -> _Job:
         services = self._services
         self._num_jobs += 1
+        voice = choose_voice(services, request.voice)
+        check_voice_allowed(self._account, voice)
         return _Job(
             id=request.id or str(self._num_jobs),
             text=check_text(services, request.text),
-            voice=choose_voice(services, request.voice),
+            voice=voice,
             sample_rate=check_sample_rate(services, request.sample_rate),
             speed=request.speed,
             instruct=request.instruct,
@@ -179,12 +205,30 @@ class _WsTtsConnection:
                 await self._send(_aborted(job))
 
     async def _speak(self, job: _Job) -> None:
+        served = Served(self._account)
+        services = self._services
+        limited: str | None = None
         try:
-            stream = open_stream(self._services, job.text, voice=job.voice, output_rate=job.sample_rate,
-                                 speed=job.speed, instruct=job.instruct)  # fmt: skip
-        except ApiError as exc:
-            await self._error(job.id, exc)
+            services.limiter.admit_request(self._account)
+            await admit(services, self._account, served, job.text)
+            stream = await open_stream(services, self._account, served, job.text, voice=job.voice,
+                                       output_rate=job.sample_rate, speed=job.speed, instruct=job.instruct)  # fmt: skip
+        except (ApiError, RateLimited) as exc:
+            error = api_error(exc)
+            served.status = error.status_code
+            limited = exc.kind if isinstance(exc, RateLimited) else None
+            if error.status_code == 429 and limited is None:
+                limited = "limit"
+            served.finish(served_reporter(services, limited=limited))
+            await self._error(job.id, error)
             return
+        served.status = 200
+        try:
+            await self._stream(job, stream, served)
+        finally:
+            served.finish(served_reporter(services))
+
+    async def _stream(self, job: _Job, stream: SpeechStream, served: Served) -> None:
         num_chunks = num_samples = 0
         aborted = False
         try:
@@ -194,11 +238,14 @@ class _WsTtsConnection:
                                          "data": base64.b64encode(chunk.astype("<i2").tobytes()).decode()})  # fmt: skip
                 if not sent:
                     return  # the client is gone; the reader sees the disconnect and ends the connection
+                if served.first_byte_at is None:
+                    served.first_byte_at = time.monotonic()
                 num_chunks += 1
                 num_samples += chunk.size
         except asyncio.CancelledError:
             aborted = True
         except EngineError as exc:
+            served.failed = True
             await self._error(job.id, api_error(exc))
             return
         finally:
@@ -210,8 +257,11 @@ class _WsTtsConnection:
     # -- writing --------------------------------------------------------------------------------
 
     async def _error(self, job_id: str | None, exc: ApiError) -> None:
-        await self._send({"type": "error", "id": job_id, "status": exc.status_code, "code": exc.code,
-                          "message": exc.message})  # fmt: skip
+        message: dict[str, Any] = {"type": "error", "id": job_id, "status": exc.status_code, "code": exc.code,
+                                   "message": exc.message}  # fmt: skip
+        if "retry-after-ms" in exc.headers:
+            message["retry_after_s"] = int(exc.headers["retry-after-ms"]) / 1000
+        await self._send(message)
 
     async def _send(self, message: dict[str, Any]) -> bool:
         """False when the client is gone (the reader then sees the disconnect and ends the connection)."""

@@ -25,10 +25,13 @@ from gateway.config.agents import AgentsConfig
 from gateway.config.api import ApiConfig
 from gateway.config.asr import ASRConfig
 from gateway.config.base import ConfigError, Section, is_text, is_text_list
+from gateway.config.batches import BatchesConfig
+from gateway.config.cache import CacheConfig
 from gateway.config.devices import DevicesConfig
 from gateway.config.engine import EngineConfig, GPUConfig, TTSConfig
 from gateway.config.llm import LLMConfig, SegmenterConfig, ToolsConfig
 from gateway.config.server import AudioConfig, OtaConfig, ServerConfig, SessionConfig
+from gateway.config.service import ServiceConfig
 from gateway.config.store import StoreConfig
 from gateway.config.transport import TransportConfig
 from gateway.config.vision import VisionConfig
@@ -56,6 +59,9 @@ class Config(Section):
     devices: DevicesConfig = Field(default_factory=DevicesConfig)
     agents: AgentsConfig = Field(default_factory=AgentsConfig)
     vision: VisionConfig = Field(default_factory=VisionConfig)
+    service: ServiceConfig = Field(default_factory=ServiceConfig)
+    cache: CacheConfig = Field(default_factory=CacheConfig)
+    batches: BatchesConfig = Field(default_factory=BatchesConfig)
 
     @field_validator("session")
     @classmethod

@@ -37,7 +37,7 @@ from gateway.device.mcp_client import DeviceMcpClient, VisionCapability
 from gateway.device.session_tools import SessionTools
 from gateway.llm.conversation import Conversation
 from gateway.services import Services
-from gateway.speech.turns import Turns, metrics_recorder
+from gateway.speech.turns import Turns, metrics_recorder, usage_recorder
 from gateway.speech.voice_choice import VoiceChoice
 from gateway.transport.base import DatagramAudio, DeviceTransport, UplinkLoss
 from gateway.xiaozhi import (
@@ -128,7 +128,11 @@ class Session(ListenHandling):
             tools=cfg.tools,
             tool_sources=self.tools.sources,
             remember=self._remember if services.memory is not None and info.device_id else None,
-            recorder=metrics_recorder(services.metrics, latency=latency),
+            recorder=(
+                usage_recorder(services.metrics, services.usage, info.device_id, latency=latency)
+                if info.device_id
+                else metrics_recorder(services.metrics, latency=latency)
+            ),
             on_turn=lambda kind: services.metrics.turns_total.labels(kind).inc(),
             phrases=services.phrases,
             voice=self.voice,

@@ -1,9 +1,15 @@
-"""Guards every plain HTTP request before the app sees it: the API key first, then a cap on the body.
+"""Guards every plain HTTP request before the app sees it: the key and its account first, the account's
+request rate, then a cap on the body; and meters what the request cost when its answer is over.
 
 A pure ASGI middleware (Starlette's ``BaseHTTPMiddleware`` would buffer the body):
 
-1. When ``api.api_keys`` is set, a protected path without a valid key gets 401 from its headers and
-   query string alone: not one byte of its body is read.
+1. While keys are needed (``api.api_keys``, or keys in the store: gateway/api/auth.py), a protected path
+   without a valid key gets 401 from its headers and query string alone: not one byte of its body is
+   read. A valid key's account (gateway/service/accounts.py) goes into ``scope["state"]["account"]``,
+   and its requests per second are checked (429, gateway/service/limits.py) still before the body. Its
+   ``x-ratelimit-*`` headers go out with the answer; when the answer is over (however it ends) its usage
+   is metered (requests, errors, characters, audio, first byte: gateway/service/served.py) and its
+   stream slot released.
 2. The body is counted while it streams, chunked or with a ``Content-Length``; a declared length over
    the cap of the path's family is refused before any byte is read, and a streamed one as soon as it
    passes the cap (413), without reading further. Multipart uploads stop there too (Starlette closes
@@ -23,6 +29,7 @@ Families and their caps:
 - The camera's photo (``/mcp/vision/explain``): ``vision.max_image_bytes`` plus 64 KiB; never an API key
   (the route checks the device's vision token before it reads the body, gateway/api/vision.py).
 - Uploads (``/v1/voices`` and ``/v1/audio/voices``, ``/tts/zero_shot``): the text cap plus ``api.max_prompt_bytes``.
+- Batch uploads (``POST /v1/audio/batches``): ``batches.max_file_bytes``.
 - Every other path: ``api.max_text_chars`` JSON-escaped (12 bytes a character) plus 64 KiB.
 
 Public without a key: ``/v1/health``, ``/xiaozhi/...``, the web console's page and assets
@@ -35,20 +42,30 @@ the device socket its tokens.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.api.auth import key_error
-from gateway.api.errors import ApiError
+from gateway.api.auth import account_of, key_error
+from gateway.api.errors import ApiError, api_error
+from gateway.api.synthesis import served_reporter
 from gateway.config import ApiConfig
+from gateway.service.limits import RateLimited
+from gateway.service.served import Served
+from gateway.store import StoreError
+
+if TYPE_CHECKING:
+    from gateway.services import Services
 
 DEVICE_PREFIX = "/xiaozhi/"  # OTA (POST/GET /xiaozhi/ota/, /xiaozhi/ota/activate) and the socket's GET
 VISION_PATH = "/mcp/vision/explain"  # a device's photo, with its vision token (gateway/api/vision.py)
 UPLOAD_PATHS = frozenset({"/v1/voices", "/v1/audio/voices", "/tts/zero_shot"})
+BATCH_PATH = "/v1/audio/batches"  # a batch job's JSONL upload
 HEALTH_PATH = "/v1/health"
 CONSOLE_PATH = "/console"  # the web console's page and, under it, its static assets (gateway/console.py)
 METRICS_PATH = "/metrics"
@@ -94,16 +111,24 @@ class HttpGuard:
         self.ota_cap = api.max_ota_body_bytes
         self.vision_cap = vision_max_bytes + BODY_OVERHEAD
 
-    def needs_key(self, path: str) -> bool:
-        if not self.keys or path in self.public or path.startswith(DEVICE_PREFIX) or path == VISION_PATH:
+    def protected(self, path: str) -> bool:
+        """Whether ``path`` needs a key (while keys are needed at all); the vision path has the device's
+        own token instead (gateway/api/vision.py)."""
+        if path in self.public or path.startswith(DEVICE_PREFIX) or path == VISION_PATH:
             return False
         return not (path == CONSOLE_PATH or path.startswith(CONSOLE_PATH + "/"))
 
-    def body_cap(self, path: str) -> int:
+    def needs_key(self, path: str) -> bool:
+        """With the configured keys alone (an app whose services are not up)."""
+        return bool(self.keys) and self.protected(path)
+
+    def body_cap(self, path: str, services: Services | None = None) -> int:
         if path.startswith(DEVICE_PREFIX):
             return self.ota_cap
         if path == VISION_PATH:
             return self.vision_cap
+        if path == BATCH_PATH and services is not None:
+            return max(self.text_cap, services.config.batches.max_file_bytes)
         return self.upload_cap if path in UPLOAD_PATHS else self.text_cap
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -112,18 +137,73 @@ class HttpGuard:
             return
         path = _route_path(scope)
         headers = Headers(scope=scope)
-        if self.needs_key(path):
-            error = key_error(HTTPConnection(scope), self.keys)
-            if error is not None:
+        served: Served | None = None
+        services = _services(scope)
+        if services is None:
+            if self.needs_key(path):
+                error = key_error(HTTPConnection(scope), self.keys)
+                if error is not None:
+                    await _refuse(error, scope, receive, send, drain=_declared(headers) <= DRAIN_BYTES)
+                    return
+        elif self.protected(path):
+            try:
+                account = await account_of(HTTPConnection(scope))
+            except (ApiError, StoreError) as exc:
+                error = api_error(exc)
+                services.metrics.observe_api(None, ok=False)
                 await _refuse(error, scope, receive, send, drain=_declared(headers) <= DRAIN_BYTES)
                 return
-        cap = self.body_cap(path)
+            state = scope.setdefault("state", {})
+            state["account"] = account
+            served = state["served"] = Served(account)
+            try:
+                services.limiter.admit_request(account)
+            except RateLimited as exc:
+                served.status = exc.status
+                served.finish(served_reporter(services, limited=exc.kind))
+                await _refuse(api_error(exc), scope, receive, send, drain=_declared(headers) <= DRAIN_BYTES)
+                return
+        cap = self.body_cap(path, services)
         declared = _declared(headers)
         if declared > cap:
             error = _too_large(cap, f"{declared} bytes")
+            if served is not None and services is not None:
+                served.status = 413
+                served.finish(served_reporter(services))
             await _refuse(error, scope, receive, send, drain=declared <= DRAIN_BYTES)
             return
-        await _CappedBody(self.app, cap)(scope, receive, send)
+        if served is None or services is None:
+            await _CappedBody(self.app, cap)(scope, receive, send)
+            return
+        try:
+            await _CappedBody(self.app, cap)(scope, receive, _metered_send(send, served, services))
+        finally:
+            served.finish(served_reporter(services))
+
+
+def _services(scope: Scope) -> Services | None:
+    app = scope.get("app")
+    return getattr(getattr(app, "state", None), "services", None)
+
+
+def _metered_send(send: Send, served: Served, services: Services) -> Send:
+    """``send`` that notes the status and first body byte, and adds the account's x-ratelimit headers."""
+
+    async def metered(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            served.status = message["status"]
+            limits = services.limiter.headers(served.account)
+            if limits:
+                present = {name.lower() for name, _ in message.get("headers", [])}
+                extra = [(k.encode(), v.encode()) for k, v in limits.items() if k.encode() not in present]
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+        elif message["type"] == "http.response.body" and served.first_byte_at is None and message.get("body"):
+            served.first_byte_at = time.monotonic()
+        await send(message)
+
+    return metered
+
+
 
 
 class _CappedBody:

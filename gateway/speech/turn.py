@@ -93,6 +93,9 @@ class TurnRecorder:
     first_audio: Callable[[float], None] = _nothing  # seconds from the turn's start to its first frame
     underruns: Callable[[int], None] = _nothing
     tool_call: Callable[[str, str, float], None] = _nothing  # (source, ok|failed|timeout, seconds)
+    # once a reply's audio is over, also when it was cut short: (characters spoken, audio seconds sent,
+    # first audio seconds or None, whether a sentence failed): the device's usage (gateway/service/usage.py)
+    spoke: Callable[[int, float, float | None, bool], None] = _nothing
 
 
 class Turn:
@@ -223,8 +226,13 @@ class Turn:
             apology=cfg.apology,  # ends the reply when the engine fails a sentence
             phrases=self._phrases,
         )
-        self.result = speaker.result  # as far as it got, also when cancelled
-        await speaker.speak(sentences)
+        self.result = result = speaker.result  # as far as it got, also when cancelled
+        try:
+            await speaker.speak(sentences)
+        finally:
+            if result.frames or result.failed_sentences:
+                self._recorder.spoke(sum(len(s) for s in result.spoken), result.frames * cfg.frame_ms / 1000,
+                                     self.first_audio_s, bool(result.failed_sentences))  # fmt: skip
         if (first := self.first_audio_s) is not None:
             self._recorder.first_audio(first)
         if self.result.underruns:

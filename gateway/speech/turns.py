@@ -18,6 +18,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from gateway.agents.active import ActiveAgent
@@ -28,6 +29,7 @@ from gateway.llm.base import ChatLLM
 from gateway.llm.conversation import Conversation
 from gateway.llm.tool_calls import ToolCallingLLM
 from gateway.metrics import GatewayMetrics
+from gateway.service.usage import UsageMeter
 from gateway.speech.phrases import Phrases
 from gateway.speech.turn import Tools, Turn, TurnConfig, TurnRecorder
 from gateway.speech.voice_choice import TurnVoice, VoiceChoice
@@ -60,6 +62,18 @@ def metrics_recorder(
         underruns=metrics.underruns.inc,
         tool_call=metrics.observe_tool_call,
     )
+
+
+def usage_recorder(
+    metrics: GatewayMetrics, usage: UsageMeter, device_id: str, *, latency: Callable[[float], None] | None = None
+) -> TurnRecorder:
+    """``metrics_recorder`` plus the device's usage per day (``device:<id>``, docs/service.md)."""
+
+    def spoke(characters: int, audio_s: float, first_audio_s: float | None, failed: bool) -> None:
+        usage.record_device_turn(device_id, characters=characters, audio_s=audio_s, first_audio_s=first_audio_s,
+                                 failed=failed)  # fmt: skip
+
+    return replace(metrics_recorder(metrics, latency=latency), spoke=spoke)
 
 
 class Turns:
