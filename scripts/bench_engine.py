@@ -147,6 +147,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--voices", type=int, default=4, help="poisson: voices the replies take turns in")
     parser.add_argument("--seed", type=int, default=0, help="poisson: seed of the replies and their arrivals")
     parser.add_argument("--step-order", choices=("slack", "together"), default="slack", help="engine.step_order")
+    parser.add_argument(
+        "--capacity", type=float, default=None, help="poisson: audio s/s taken as the capacity (default: measured)"
+    )
     return parser.parse_args(argv)
 
 
