@@ -146,7 +146,7 @@ async def test_turns_while_the_only_worker_restarts_hear_why_and_restarts_never_
             for kill in range(3):  # past worker_max_restarts: it used to be given up for good
                 os.kill(slot.process.pid, signal.SIGKILL)
                 async with asyncio.timeout(10):
-                    while slot.is_ready:
+                    while slot.is_ready or slot.state == "ready":  # lost, then the supervisor's move
                         await asyncio.sleep(0.02)
                 status, body = await health(client, gw)
                 assert status == 503 and body["status"] == "unavailable" and body["reasons"]
@@ -162,6 +162,27 @@ async def test_turns_while_the_only_worker_restarts_hear_why_and_restarts_never_
         finally:
             for sim in sims:
                 await sim.close()
+
+
+async def test_health_says_unavailable_from_the_moment_the_only_worker_is_lost() -> None:
+    # between the link's loss and the supervisor's next state, health used to read the old "ready": 200 ok
+    async with running_gateway(overrides()) as gw, httpx.AsyncClient(timeout=30) as client:
+        slot = slots(gw)[0]
+
+        async def at_the_loss() -> dict[str, Any]:  # on the gateway's loop: the first tick the link is gone
+            async with asyncio.timeout(10):
+                while slot.is_ready:
+                    await asyncio.sleep(0)
+            return gw.services.health()
+
+        watching = asyncio.ensure_future(gw.call(at_the_loss()))
+        await asyncio.sleep(0.2)
+        os.kill(slot.process.pid, signal.SIGKILL)
+        report = await watching
+        assert report["status"] == "unavailable", report["tts"]["workers"]
+        assert report["tts"]["workers"][0]["state"] != "ready"
+        status, body = await health(client, gw)
+        assert status == 503 and body["status"] == "unavailable"
 
 
 async def test_dropped_streams_update_the_in_flight_count_at_once() -> None:

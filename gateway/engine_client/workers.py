@@ -124,7 +124,8 @@ class WorkerSlot:
         return {
             "address": self.address,
             "device": self.device,
-            "state": "stalled" if stalled else self.state,
+            # "lost": the link is gone and the supervisor has not yet moved on (restarting, failed)
+            "state": "stalled" if stalled else "lost" if self.state == "ready" and not self.is_ready else self.state,
             "stalled": stalled,
             "capacity": link.capacity if link is not None else None,
             "in_flight": len(link.streams) if link is not None else 0,
