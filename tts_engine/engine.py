@@ -48,21 +48,21 @@ from tts_engine.arguments import (
     check_req_id,
     check_text_length,
     check_zero_shot,
-    resolve_voice,
 )
 from tts_engine.backends.base import Backend
 from tts_engine.engine_loop import CallOutcome, EngineLoop
+from tts_engine.engine_properties import EngineProperties
 from tts_engine.errors import EngineClosed, EngineError, EngineOverloaded
 from tts_engine.interface import DEFAULT_PRIORITY, OUTPUT_RATES, EngineInfo, Priority
 from tts_engine.request import ChunkCredit, EngineRequest, SynthesisStream
-from tts_engine.voices import PromptAudio, VoiceError, VoicePreset, decode_prompt_wav
+from tts_engine.voices import PromptAudio, VoicePreset, decode_prompt_wav
 
 __all__ = ["MAX_SPEED", "MIN_SPEED", "OUTPUT_RATES", "TTSEngine"]
 
 logger = logging.getLogger(__name__)
 
 
-class TTSEngine:
+class TTSEngine(EngineProperties):
     """Shared speech engine in this process: the ``SpeechEngine`` of tts_engine/interface.py.
     ``synthesize()`` returns a ``SynthesisStream`` of int16 chunks."""
 
@@ -106,7 +106,7 @@ class TTSEngine:
         self._calls: set[asyncio.Future[Any]] = set()  # call futures not resolved yet
         self._unsent: list[EngineRequest] = []  # submitted this loop tick; sent together at its end
 
-    # -- properties ----------------------------------------------------------------------------------
+    # -- properties (the rest: EngineProperties, tts_engine/engine_properties.py) -------------------
 
     @property
     def info(self) -> EngineInfo:
@@ -120,36 +120,6 @@ class TTSEngine:
             max_buffered_chunks=self.max_buffered_chunks,
             max_pending_requests=self.max_pending_requests,
         )
-
-    @property
-    def backend_name(self) -> str:
-        return self._backend.name
-
-    @property
-    def sample_rate(self) -> int:
-        """The backend's native rate (streams are resampled to the output rate each request asks for)."""
-        return self._backend.sample_rate
-
-    @property
-    def max_text_chars(self) -> int | None:
-        return self._max_text_chars
-
-    @property
-    def voices(self) -> list[str]:
-        return list(self._voices)
-
-    @property
-    def default_voice(self) -> str:
-        return self._default_voice
-
-    def resolve_voice(self, voice: str | None) -> str:
-        """``voice`` as it would be spoken: the default for None; ``UnknownVoice`` if not offered."""
-        return resolve_voice(voice, self._default_voice, self._voices)
-
-    @property
-    def supports_cloning(self) -> bool:
-        """``add_voice()`` and ``synthesize_zero_shot()`` work with this backend."""
-        return self._backend.supports_cloning
 
     @property
     def text_normalization(self) -> str:
@@ -367,14 +337,12 @@ class TTSEngine:
 
     async def add_voice(self, preset: VoicePreset) -> None:
         """Prepare ``preset`` in the engine thread and offer it by name (VoiceError when it cannot clone)."""
-        if not self._backend.supports_cloning:
-            raise VoiceError(f"backend {self.backend_name} cannot clone voices")
+        self._check_cloning()
         await self._call(lambda: self._backend.add_voice(preset))
 
     async def remove_voice(self, name: str) -> None:
         """Stop offering a voice added with ``add_voice()``; requests already running keep it."""
-        if not self._backend.supports_cloning:
-            raise VoiceError(f"backend {self.backend_name} cannot clone voices")
+        self._check_cloning()
         await self._call(lambda: self._backend.remove_voice(name))
 
     async def _call(self, fn: Callable[[], Any]) -> Any:
@@ -396,11 +364,6 @@ class TTSEngine:
             future.set_exception(error)
         else:
             future.set_result(result)
-
-    def abort(self, req_id: str) -> bool:
-        """Abort an open request; its stream ends quietly. False when no open stream has this id."""
-        stream = self._streams.get(req_id)
-        return stream is not None and stream.abort()
 
     # -- event-loop helpers --------------------------------------------------------------------------
 

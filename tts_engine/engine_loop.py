@@ -6,7 +6,8 @@ resume batch streams -> backend within the plan's budget -> drain aborts -> upda
 post-processing -> delivery) and has the one way out (``_finish_requests``). A backend that
 ``splits_steps`` hands the audio of a step's urgent lane out mid-step (``on_chunks``): it is
 post-processed and delivered at once, before the rest of the step's work runs. Its public methods (``submit``, ``abort``, ``resume``, ``call``,
-``shutdown``) may be called from any thread: they only put a command in the inbox. Results reach the
+``shutdown``) may be called from any thread: they only put a command in the inbox (its commands:
+tts_engine/engine_inbox.py). Results reach the
 event loop only through ``loop.call_soon_threadsafe``: chunks and ends go to each request's
 ``SynthesisStream``, a ``call``'s outcome to ``on_call_done`` and the thread's end to ``on_stopped``
 (both given by the owner, ``TTSEngine`` in tts_engine/engine.py, which is the event-loop API).
@@ -21,12 +22,22 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
 
 from tts_engine.backends.base import Backend, BackendStream, SplitStepper
+from tts_engine.engine_inbox import (
+    RESUME,
+    SHUTDOWN,
+    Abort,
+    Call,
+    CallOutcome,
+    Command,
+    Inbox,
+    NewRequests,
+    Shutdown,
+)
 from tts_engine.errors import EngineError, EngineOverloaded, SynthesisFailed
 from tts_engine.postprocess import postprocess_chunks
 from tts_engine.request import EngineRequest, RequestStatus
@@ -35,56 +46,7 @@ from tts_engine.scheduler import Scheduler, StepPlan
 
 logger = logging.getLogger("tts_engine.engine")
 
-
-@dataclass(frozen=True, slots=True)
-class _NewRequests:
-    """Requests submitted together (one event-loop tick): the thread sees all of them or none, so a
-    burst is admitted and prefilled in one step instead of spread over the steps of a racing wake-up."""
-
-    requests: tuple[EngineRequest, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class _Abort:
-    req_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class _Call:
-    """Run ``fn`` in the engine thread between steps; its outcome goes to ``future`` on the loop."""
-
-    fn: Callable[[], Any]
-    future: asyncio.Future[Any]
-
-
-class _Resume:
-    """A consumer made room under the buffer bound; the command itself carries nothing."""
-
-
-class _Shutdown:
-    pass
-
-
-_RESUME = _Resume()
-_SHUTDOWN = _Shutdown()
-_Command = _NewRequests | _Abort | _Call | _Resume | _Shutdown
-
-
-class Inbox(queue.Queue):
-    """The engine thread's command queue; every put also wakes a backend blocked in its own wait
-    (``Backend.wake``), so a new request or an abort is seen at once, not when that wait ends."""
-
-    def __init__(self, backend: Backend) -> None:
-        super().__init__()
-        self._backend = backend
-
-    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
-        super().put(item, block, timeout)
-        self._backend.wake()
-
-
-CallOutcome = tuple[asyncio.Future[Any], Any, BaseException | None, Any]
-"""A ``call``'s future, its result, its error, and the backend's (voices, default voice) after it."""
+__all__ = ["CallOutcome", "EngineLoop", "Inbox"]
 
 
 class _LoopGone(Exception):
@@ -114,7 +76,7 @@ class EngineLoop:
             max_queue_wait_s=max_queue_wait_s,
         )
         self.max_queue_wait_s = max_queue_wait_s
-        self._inbox: queue.Queue[_Command] = Inbox(backend)
+        self._inbox: queue.Queue[Command] = Inbox(backend)
         self._on_call_done = on_call_done
         self._on_stopped = on_stopped
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -162,22 +124,22 @@ class EngineLoop:
     def submit_many(self, requests: list[EngineRequest]) -> None:
         """Hand several requests over as one command: the step that admits one admits them all."""
         if requests:
-            self._inbox.put(_NewRequests(tuple(requests)))
+            self._inbox.put(NewRequests(tuple(requests)))
 
     def abort(self, req_id: str) -> None:
-        self._inbox.put(_Abort(req_id))
+        self._inbox.put(Abort(req_id))
 
     def resume(self) -> None:
         """A consumer made room under the buffer bound: its request is runnable again."""
-        self._inbox.put(_RESUME)
+        self._inbox.put(RESUME)
 
     def call(self, fn: Callable[[], Any], future: asyncio.Future[Any]) -> None:
         """Run ``fn`` in the engine thread between two steps; the outcome goes to ``on_call_done``."""
-        self._inbox.put(_Call(fn, future))
+        self._inbox.put(Call(fn, future))
 
     def shutdown(self) -> None:
         """Stop after the current step; the thread closes the backend and calls ``on_stopped``."""
-        self._inbox.put(_SHUTDOWN)
+        self._inbox.put(SHUTDOWN)
 
     # -- the engine thread ---------------------------------------------------------------------------
 
@@ -218,23 +180,23 @@ class EngineLoop:
         except queue.Empty:
             return
         while True:
-            if isinstance(command, _Shutdown):
+            if isinstance(command, Shutdown):
                 self._is_shutting_down = True
                 return
-            if isinstance(command, _NewRequests):
+            if isinstance(command, NewRequests):
                 self.num_received += len(command.requests)
                 for request in command.requests:
                     self.scheduler.add_request(request)
-            elif isinstance(command, _Abort):
+            elif isinstance(command, Abort):
                 self._finish_requests([command.req_id], RequestStatus.FINISHED_ABORTED)
-            elif isinstance(command, _Call):
+            elif isinstance(command, Call):
                 self._run_call(command)
             try:
                 command = self._inbox.get_nowait()
             except queue.Empty:
                 return
 
-    def _run_call(self, call: _Call) -> None:
+    def _run_call(self, call: Call) -> None:
         result: Any = None
         error: BaseException | None = None
         try:

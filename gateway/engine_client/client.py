@@ -30,8 +30,8 @@ from tts_engine.arguments import (
     check_req_id,
     check_text_length,
     check_zero_shot,
-    resolve_voice,
 )
+from tts_engine.engine_properties import EngineProperties
 from tts_engine.errors import EngineClosed, EngineError, EngineOverloaded, EngineUnavailable
 from tts_engine.interface import DEFAULT_PRIORITY, EngineInfo, Priority
 from tts_engine.request import SynthesisStream
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 NOT_CONNECTED = EngineInfo(backend="", sample_rate=0)  # what the client is before a worker's hello
 
 
-class EngineClient:
+class EngineClient(EngineProperties):
     """The engine interface over one or more engine workers."""
 
     def __init__(
@@ -67,49 +67,15 @@ class EngineClient:
         self._counts = {"requests_total": 0, "requests_rejected": 0, "requests_failed": 0}
         self.on_closed: Callable[[], None] | None = None  # cleanup once every worker has stopped
 
-    # -- properties (from the first worker's hello) ----------------------------------------------
+    # -- properties (from the first worker's hello; the rest: tts_engine/engine_properties.py) ----
 
     @property
     def info(self) -> EngineInfo:
         return self._info
 
     @property
-    def backend_name(self) -> str:
-        return self._info.backend
-
-    @property
-    def sample_rate(self) -> int:
-        """The workers' backend's native rate."""
-        return self._info.sample_rate
-
-    @property
-    def supports_cloning(self) -> bool:
-        return self._info.supports_cloning
-
-    @property
-    def text_normalization(self) -> str:
-        return self._info.text_normalization
-
-    @property
-    def max_text_chars(self) -> int | None:
-        """The workers' text limit (their backend's), announced in their hello; None: no limit."""
-        return self._info.max_text_chars
-
-    @property
     def max_buffered_chunks(self) -> int:
         return self._info.max_buffered_chunks
-
-    @property
-    def voices(self) -> list[str]:
-        return list(self._voices)
-
-    @property
-    def default_voice(self) -> str:
-        return self._default_voice
-
-    def resolve_voice(self, voice: str | None) -> str:
-        """``voice`` as it would be spoken: the default for None; ``UnknownVoice`` if not offered."""
-        return resolve_voice(voice, self._default_voice, self._voices)
 
     @property
     def is_running(self) -> bool:
@@ -281,23 +247,17 @@ class EngineClient:
         if stream.error is not None:
             self._counts["requests_failed"] += 1
 
-    def abort(self, req_id: str) -> bool:
-        stream = self._streams.get(req_id)
-        return stream is not None and stream.abort()
-
     # -- voices ----------------------------------------------------------------------------------
 
     async def add_voice(self, preset: VoicePreset) -> None:
         """Prepare ``preset`` on every ready worker; the first refusal raises (and others undo nothing)."""
-        if not self.supports_cloning:
-            raise VoiceError(f"backend {self.backend_name} cannot clone voices")
+        self._check_cloning()
         await self._call_all(await _voice_add_message(preset))
         self._added[preset.name] = preset
         self._removed.discard(preset.name)
 
     async def remove_voice(self, name: str) -> None:
-        if not self.supports_cloning:
-            raise VoiceError(f"backend {self.backend_name} cannot clone voices")
+        self._check_cloning()
         await self._call_all(f.VoiceRemove(call=0, name=name))
         if self._added.pop(name, None) is None:
             self._removed.add(name)

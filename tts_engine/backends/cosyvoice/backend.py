@@ -54,7 +54,6 @@ segment's N from its text (scripts/bench_traffic.py: about as long as the text t
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -66,17 +65,12 @@ import torch
 from cosyvoice.flow.chunk_cache import FlowCacheManager
 from cosyvoice.flow.errors import FlowError
 from cosyvoice.frontend.speaker import SpeakerError
-from cosyvoice.llm import LLMInputError, LLMRunner
+from cosyvoice.llm import LLMRunner
 from cosyvoice.model import CosyVoice3
-from cosyvoice.text.prompt import TextError, prepare_tts_texts
 from tts_engine.backends.base import Backend
 from tts_engine.backends.cosyvoice.flow_warm import warm_voice_prefix
 from tts_engine.backends.cosyvoice.request import (
     CosyVoiceStream,
-    Segment,
-    SpeedScaledStream,
-    fit_kv_slot,
-    segment_seed,
 )
 from tts_engine.backends.cosyvoice.runtime import (
     kv_cache_bytes,
@@ -85,6 +79,7 @@ from tts_engine.backends.cosyvoice.runtime import (
     make_runner,
     plan_memory,
 )
+from tts_engine.backends.cosyvoice.segments import open_segments
 from tts_engine.backends.cosyvoice.step import HOP_KINDS, STEP_ORDERS, BatchedStep
 from tts_engine.backends.cosyvoice.voices import (
     PreparedVoice,
@@ -92,8 +87,7 @@ from tts_engine.backends.cosyvoice.voices import (
     prepare_record,
     preset_record,
 )
-from tts_engine.budget import BackendLimits, Lane, StepBudget
-from tts_engine.errors import EngineError
+from tts_engine.budget import BackendLimits, StepBudget
 from tts_engine.memory import MemoryBudget, MemoryPlan, module_bytes
 from tts_engine.voices import PromptAudio, VoiceError, VoicePreset
 
@@ -105,7 +99,6 @@ SAMPLE_RATE = 24000
 DEFAULT_MAX_BATCH = 16
 DEFAULT_MAX_LLM_LEN = 4096
 DEFAULT_MAX_TEXT_CHARS = 2000
-_NO_AUDIO = np.zeros(0, dtype=np.float32)
 
 
 class CosyVoiceBackend(Backend):
@@ -298,34 +291,10 @@ class CosyVoiceBackend(Backend):
             raise ValueError(f"text is {len(text)} characters, the limit is {self.max_text_chars}")
         if speed <= 0:
             raise ValueError(f"speed must be positive, got {speed}")
-        model = self.model
-        # numbers, dates, units were read out by the engine's text normaliser (tts.text_normalization)
-        texts = prepare_tts_texts(text.strip(), model.tokenizer.encode, spell_numbers=False)
-        pieces = [p for p in texts if p.strip()]
-        mode = "instruct" if instruct else "zero_shot"
-        num_prompt = int(voice.flow_prompt.prompt_token.shape[0])
-        segments = []
-        for piece in pieces:
-            try:
-                prompt = model.build_llm_prompt(piece, voice.record, mode, instruct or None)
-                seed = segment_seed(self.seed, piece, name, instruct)
-                generator = torch.Generator(device="cpu").manual_seed(seed)
-                llm = model.new_llm_request(prompt, generator=generator, num_prompt_tokens=num_prompt)
-                if self.fixed_llm_tokens is not None:
-                    fixed = self.fixed_llm_tokens
-                    llm.lengths = dataclasses.replace(llm.lengths, mask_all_stops_before_min=True)
-                    llm.min_len = llm.max_len = max(1, int(fixed(piece) if callable(fixed) else fixed))
-            except (TextError, LLMInputError, SpeakerError) as exc:
-                raise ValueError(f"cannot synthesise {piece[:40]!r}: {exc}") from exc
-            fit_kv_slot(llm, self.max_llm_len)
-            t2w = model.token2wav
-            if speed == 1:
-                wave = t2w.stream(
-                    voice.flow_prompt, share_prompt=shared, flow_cache=self.flow_cache, final_pass=self.final_pass
-                )
-            else:
-                wave = SpeedScaledStream(t2w, voice.flow_prompt, speed=speed)
-            segments.append(Segment(piece, llm, wave))
+        segments = open_segments(
+            self.model, text, voice, speed, instruct, name, seed=self.seed, fixed_llm_tokens=self.fixed_llm_tokens,
+            max_llm_len=self.max_llm_len, shared=shared, flow_cache=self.flow_cache, final_pass=self.final_pass,
+        )  # fmt: skip
         stream = CosyVoiceStream(owner=self, segments=segments, on_close=self._close_stream, voice=name)
         self._streams.add(id(stream))
         return stream
@@ -405,40 +374,7 @@ class CosyVoiceBackend(Backend):
         ``on_chunks`` gets the urgent lane's audio mid-step (step.py), by index in ``streams``."""
         if budget is None:
             budget = self._limits.step_budget()
-        errors: dict[int, BaseException] = {}
-        mine: list[tuple[CosyVoiceStream, Lane]] = []
-        for index, stream in enumerate(streams):
-            if isinstance(stream, CosyVoiceStream) and stream.owner is self and not stream.closed:
-                if stream.parked:
-                    errors[id(stream)] = EngineError("a parked stream was stepped")
-                else:
-                    mine.append((stream, budget.lane(index)))
-            else:
-                errors[id(stream)] = EngineError("stream is closed or belongs to another backend")
-        emit = None
-        emitted: set[int] = set()  # streams whose audio went out mid-step: their end comes next step
-        if on_chunks is not None:
-            index_of = {id(stream): i for i, stream in enumerate(streams)}
-
-            def emit(chunks: dict[int, torch.Tensor]) -> bool:
-                emitted.update(chunks)
-                on_chunks([(index_of[key], chunk.detach()) for key, chunk in chunks.items()])
-                return True
-
-        chunks = self.stepper.run(mine, errors, budget, emit)
-        results: list[np.ndarray | None | BaseException] = []
-        for stream in streams:
-            error = errors.get(id(stream))
-            if error is not None:
-                results.append(error)
-            elif id(stream) in emitted:
-                results.append(_NO_AUDIO)  # as in "together" order, where its last chunk and its end
-            else:  # come in separate steps (the end waits for the buffer bound like every step does)
-                try:
-                    results.append(stream.take(chunks.get(id(stream))))
-                except Exception as exc:  # noqa: BLE001
-                    results.append(exc)
-        return results
+        return self.stepper.step_streams(self, streams, budget, on_chunks)
 
     def close(self) -> None:
         self._voices.clear()

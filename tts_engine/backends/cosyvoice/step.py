@@ -31,12 +31,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from cosyvoice.llm import LLMRequest
 from cosyvoice.token2wav import HopJob, PendingClosing, Token2Wav
 from tts_engine.backends.cosyvoice.request import CosyVoiceStream
 from tts_engine.budget import Lane, StepBudget
+from tts_engine.errors import EngineError
 
 Errors = dict[int, BaseException]  # id(stream) -> what failed it
 Chunks = dict[int, torch.Tensor]  # id(stream) -> its new audio
@@ -44,6 +46,7 @@ Emit = Callable[[Chunks], bool]  # hands audio out mid-step; False: it could not
 STEP_ORDERS = ("slack", "together")
 CLOSING_SLICE = 2  # Euler steps per engine step of an exact closing call whose stream has a comfortable lead
 HOP_KINDS = ("opening", "hop", "closing")  # a segment's first hop; a later hop; its closing call
+_NO_AUDIO = np.zeros(0, dtype=np.float32)
 
 
 class BatchedStep:
@@ -113,6 +116,51 @@ class BatchedStep:
             chunks = {}  # handed out before the second group runs
         chunks.update(self._wave_group(second, errors, urgent=False))
         return chunks
+
+    def step_streams(
+        self,
+        owner: object,
+        streams: Sequence[Any],
+        budget: StepBudget,
+        on_chunks: Callable[[list[tuple[int, Any]]], None] | None = None,
+    ) -> list[np.ndarray | None | BaseException]:
+        """The backend's ``step()``: ``owner``'s open, unparked streams run one step in their lanes (any
+        other is failed alone), each given its audio, ``None`` at its end, or its error, in order;
+        ``on_chunks`` gets the urgent lane's audio mid-step, by index in ``streams``."""
+        errors: dict[int, BaseException] = {}
+        mine: list[tuple[CosyVoiceStream, Lane]] = []
+        for index, stream in enumerate(streams):
+            if isinstance(stream, CosyVoiceStream) and stream.owner is owner and not stream.closed:
+                if stream.parked:
+                    errors[id(stream)] = EngineError("a parked stream was stepped")
+                else:
+                    mine.append((stream, budget.lane(index)))
+            else:
+                errors[id(stream)] = EngineError("stream is closed or belongs to another backend")
+        emit = None
+        emitted: set[int] = set()  # streams whose audio went out mid-step: their end comes next step
+        if on_chunks is not None:
+            index_of = {id(stream): i for i, stream in enumerate(streams)}
+
+            def emit(chunks: dict[int, torch.Tensor]) -> bool:
+                emitted.update(chunks)
+                on_chunks([(index_of[key], chunk.detach()) for key, chunk in chunks.items()])
+                return True
+
+        chunks = self.run(mine, errors, budget, emit)
+        results: list[np.ndarray | None | BaseException] = []
+        for stream in streams:
+            error = errors.get(id(stream))
+            if error is not None:
+                results.append(error)
+            elif id(stream) in emitted:
+                results.append(_NO_AUDIO)  # as in "together" order, where its last chunk and its end
+            else:  # come in separate steps (the end waits for the buffer bound like every step does)
+                try:
+                    results.append(stream.take(chunks.get(id(stream))))
+                except Exception as exc:  # noqa: BLE001
+                    results.append(exc)
+        return results
 
     def _wave_group(self, jobs: list[tuple[CosyVoiceStream, HopJob]], errors: Errors, *, urgent: bool) -> Chunks:
         """One group of the slack order: its hops in one batch; each exact closing call on its own, whole
