@@ -88,6 +88,7 @@ class LinearStage:
 
     def __init__(self, delay_ms: float) -> None:
         self.delay_ms = delay_ms
+        self.fraction = 0.0  # samples: the reference is read this much later than delay_ms says (moved)
         self._speex = SpeexEchoCanceller(frame=CHUNK, filter_length=LINEAR_TAPS, rate=RATE)
         self._below: deque[bool] = deque(maxlen=BELOW_WINDOW)  # recent chunks with echo: left well under it?
         self._gains: deque[float] = deque(maxlen=300)  # mic peak / recent reference peak, echo alone
@@ -155,6 +156,32 @@ class LinearStage:
         if self._doubted is not None:
             self._restore_in = SILENT_CHUNKS
             self._verifying = False
+
+    @property
+    def proven(self) -> bool:
+        """Converged, or was so where it was doubted (its echo path is known)."""
+        return self.converged or (self._doubted is not None and self._doubted[1])
+
+    def impulse_response(self) -> np.ndarray:
+        """The filter's echo path (SpeexDSP's units), from `delay_ms - LEAD_MS` on."""
+        return self._speex.impulse_response()
+
+    def moved(self, shift_ms: float) -> None:
+        """The echo moved by `shift_ms` (later positive) and the filter, moved with it, was shown
+        to predict it there (shift.ShiftFinder): its evidence from before the doubt holds."""
+        moved = self.fraction + shift_ms * RATE / 1000  # in samples
+        whole = round(moved)
+        self.delay_ms += whole * 1000 / RATE
+        self.fraction = moved - whole
+        if self._doubted is not None:
+            below, converged = self._doubted
+            self._below.clear()
+            self._below.extend(below)
+            self.converged = converged
+            self._doubted = None
+        self._restore_in = 0
+        self._verifying = False
+        self.trust_failed = False
 
     def _restore(self, chunks: int) -> None:
         if self._doubted is None:
@@ -275,9 +302,12 @@ class LinearStage:
         """Per chunk of the last `run`: no talk, and the microphone no louder than the echo path
         usually makes of the reference's recent peak (Geigel; its 95th percentile), for the
         canceller's early guard."""
-        learnt = len(self._gains) >= GEIGEL_LEARNT
-        bound = float(np.percentile(self._gains, 95)) if learnt else GUARD_GAIN
-        return ~self._last_talk & (self._last_gain <= bound)
+        return ~self._last_talk & (self._last_gain <= self.peak_gain())
+
+    def peak_gain(self) -> float:
+        """Geigel's bound: the echo path's usual peak gain (its 95th percentile; GUARD_GAIN before
+        it is learnt)."""
+        return float(np.percentile(self._gains, 95)) if len(self._gains) >= GEIGEL_LEARNT else GUARD_GAIN
 
     def _hold_on(self, talk: np.ndarray, strong: np.ndarray) -> np.ndarray:
         """A talk chunk that left well above the echo holds talk for HOLD_CHUNKS: speech is
