@@ -20,11 +20,13 @@ import logging
 
 import pytest
 
+from gateway.aec.alignment import Aec3Alignment
 from scripts.aec_devices import MODELS, Trial
 from scripts.aec_sim import onsets, simulate_device
 from scripts.speech import utterance
 
 STALL = MODELS["stall-plain-v1"]
+STALL_V2 = MODELS["stall-room-v2"]
 ROBOT = "Once upon a time there was a small robot who liked to sing."
 STORY = "This is a long story that keeps going for quite a while."
 BIRDS = "It sang every morning, and the birds sang back to it."
@@ -36,9 +38,9 @@ def reply(texts: list[str], voice: str):
     return utterance(texts, voice=voice, lead_s=0.1, gap_s=0.3, tail_s=0.3).pcm
 
 
-def stall_trial(**numbers: float) -> Trial:
+def stall_trial(model=STALL, **numbers: float) -> Trial:
     ints = {k: int(numbers.pop(k)) for k in ("start_frames", "lead_frames", "path_seed", "seed")}
-    return Trial(STALL, **ints, **numbers)
+    return Trial(model, **ints, **numbers)
 
 
 # the echo came back 10-60 ms later than before the stall: the stage, doubted until the delay
@@ -54,6 +56,15 @@ SOONER = stall_trial(
     drift_ppm=-208.0834, stall_ms=553.0945, stall_at_s=3.1718, lead_in_ms=982.5938, path_delay_ms=58.0264,
     rir_ms=356.5758, rt60_ms=521.5328, drr_db=9.7272, path_seed=832953957, seed=287487031,
 )  # fmt: skip
+# v2 timestamps, a room: the echo came back 51 ms sooner, and the stamps' median moved by 1 ms
+# (they name the packet playing: a 60 ms grain); AEC3, left to find the move itself, leaked echo
+# for ~2 s, past the resume guard: a false barge-in at 6.7 s
+STAMPED = stall_trial(
+    STALL_V2, gain_db=-6.7560, start_frames=3, lead_frames=8, down_ms=21.4778, burst_ms=213.0864,
+    up_ms=10.5833, drift_ppm=0.0, stall_ms=661.2870, stall_at_s=3.1026, lead_in_ms=1368.0744,
+    path_delay_ms=108.5613, rir_ms=17.2975, rt60_ms=518.9695, drr_db=1.0765, path_seed=421538183,
+    seed=934385628,
+)  # fmt: skip
 # a user who talks 2.6 s into the reply, just after the stall: found 0.94 s late
 TALKER = stall_trial(
     gain_db=-8.1306, start_frames=2, lead_frames=6, down_ms=20.3692, burst_ms=222.8854, up_ms=29.3608,
@@ -64,8 +75,12 @@ TALKER = stall_trial(
 
 @pytest.mark.parametrize(
     ("trial", "texts", "voice"),
-    [(LATER, [ROBOT, STORY, BIRDS], "en-gb"), (SOONER, [ROBOT, WEATHER, RAIN], "en")],
-    ids=["echo-later", "echo-sooner"],
+    [
+        (LATER, [ROBOT, STORY, BIRDS], "en-gb"),
+        (SOONER, [ROBOT, WEATHER, RAIN], "en"),
+        (STAMPED, [STORY, WEATHER, ROBOT], "en-us"),
+    ],
+    ids=["echo-later", "echo-sooner", "v2-stamps-lag"],
 )
 def test_a_stall_in_the_reply_is_no_barge_in(trial, texts, voice, caplog):
     caplog.set_level(logging.DEBUG, logger="gateway.aec")
@@ -82,3 +97,15 @@ def test_a_barge_in_just_after_a_stall_is_found_in_time():
     found = [t for t in onsets(result.out) if t >= result.near_start_s]
     # real figure 0.3 s (bench); before the shift search 0.94 s
     assert found and found[0] - result.near_start_s < 0.5
+
+
+def test_a_measured_move_moves_aec3s_reference_with_v2_timestamps():
+    alignment = Aec3Alignment()
+    for k in range(9):
+        alignment.note_stamp(1000.0 + 60 * k, 1000 + 60 * k - 140)  # the device plays 140 ms late
+    alignment.follow(260.0)  # the echo measured 260 ms after our model: AEC3 has a 120 ms lag
+    assert alignment.offset_ms == pytest.approx(140.0)
+    alignment.moved(260.0)
+    alignment.follow(209.0)  # the echo came back 51 ms sooner; the stamps' median did not move
+    alignment.note_stamp(1600.0, 1600 - 139)
+    assert alignment.offset_ms == pytest.approx(89.0)  # AEC3 keeps its 120 ms lag

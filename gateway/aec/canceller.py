@@ -343,6 +343,7 @@ class EchoCanceller:
             self._shifted.append(finder.resumed_ms)
             self._resumed = False  # the move after the resume is measured
             if self._accepted_ms is not None:
+                self._alignment.moved(self._accepted_ms)
                 self._accept(self._accepted_ms + shift)
             if self._anchor is not None:
                 self._anchor = moved_profile(self._anchor, shift)
