@@ -105,7 +105,10 @@ def test_a_measured_move_moves_aec3s_reference_with_v2_timestamps():
         alignment.note_stamp(1000.0 + 60 * k, 1000 + 60 * k - 140)  # the device plays 140 ms late
     alignment.follow(260.0)  # the echo measured 260 ms after our model: AEC3 has a 120 ms lag
     assert alignment.offset_ms == pytest.approx(140.0)
-    alignment.moved(260.0)
-    alignment.follow(209.0)  # the echo came back 51 ms sooner; the stamps' median did not move
-    alignment.note_stamp(1600.0, 1600 - 139)
+    at_resume = alignment.offset_ms
+    for k in range(5):  # the stamps' median moves by 30 ms of the echo's 51 (a 60 ms grain)
+        alignment.note_stamp(1600.0 + 60 * k, 1600 + 60 * k - 110)
+    alignment.moved(260.0, at_resume)
+    alignment.follow(209.0)  # the echo came back 51 ms sooner
+    alignment.note_stamp(2000.0, 2000 - 111)
     assert alignment.offset_ms == pytest.approx(89.0)  # AEC3 keeps its 120 ms lag

@@ -108,14 +108,15 @@ class Aec3Alignment:
             self._lag_ms = lag if in_range else AEC3_LAG_MS
         self._delay_ms = delay_ms
 
-    def moved(self, delay_ms: float) -> None:
+    def moved(self, delay_ms: float, offset_ms: float) -> None:
         """The echo's move at a resume was measured from the echo itself (gateway/aec/shift.py),
         from `delay_ms` on: with v2 timestamps, from now on AEC3 keeps the lag it had and the
         reference follows the measured delay, as without them. The stamps name the packet
         playing, so they place the echo only to within a packet (60 ms): after a resume the
         device's frames and the uplink's fall in another phase, and their median moved by 1 ms
         where the echo moved by 51 (bench, stall-room-v2), leaving AEC3 to find the rest itself
-        while it leaked echo for ~2 s."""
+        while it leaked echo for ~2 s. `offset_ms`: the offset where playback resumed (the median
+        may have followed part of the move since: it must not count twice)."""
         if self._offsets and self._lag_ms is None:
-            self._lag_ms = delay_ms - self.offset_ms
+            self._lag_ms = delay_ms - offset_ms
             self._delay_ms = delay_ms

@@ -129,6 +129,7 @@ class EchoCanceller:
         self._shifted: deque[float] = deque(maxlen=8)  # resumes whose move the finder measured
         self._doubted_at: deque[float] = deque(maxlen=8)  # resumes at which the stage was doubted
         self._talking = False  # the stage's last chunk was talk
+        self._offset_at_resume = 0.0  # AEC3's reference offset where its reference resumed
         self._held_back = np.zeros(0, bool)  # this frame's chunks of talk just before a resume: muted
         self._move: tuple[float, float] | None = None  # the last: (resume, the stage's delay before it)
         self._rebuilds = 0
@@ -163,6 +164,7 @@ class EchoCanceller:
             # echo for a while, and measure the delay again on what follows the resume alone.
             self._guard_until_ms = capture_ms + RESUME_GUARD_S * 1000
             self._leaks.clear()  # how AEC3 cancelled before says nothing of how it does now
+            self._offset_at_resume = self._alignment.offset_ms  # before the stamps follow the move
             if self._accepted_ms is None:
                 self._restart_delay(capture_ms)
         if self._accepted_ms is not None:
@@ -343,7 +345,7 @@ class EchoCanceller:
             self._shifted.append(finder.resumed_ms)
             self._resumed = False  # the move after the resume is measured
             if self._accepted_ms is not None:
-                self._alignment.moved(self._accepted_ms)
+                self._alignment.moved(self._accepted_ms, self._offset_at_resume)
                 self._accept(self._accepted_ms + shift)
             if self._anchor is not None:
                 self._anchor = moved_profile(self._anchor, shift)
