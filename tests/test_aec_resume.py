@@ -65,6 +65,14 @@ STAMPED = stall_trial(
     path_delay_ms=108.5613, rir_ms=17.2975, rt60_ms=518.9695, drr_db=1.0765, path_seed=421538183,
     seed=934385628,
 )  # fmt: skip
+# the echo came back 110 ms later; the moved filter cancelled the onsets after a pause poorly
+# (~10 dB, an Opus-coded uplink) and they passed Geigel's test at its usual margin: a false
+# barge-in 1.2 s after the move
+ONSETS = stall_trial(
+    gain_db=-14.9746, start_frames=2, lead_frames=3, down_ms=29.0716, burst_ms=111.7708, up_ms=18.5003,
+    drift_ppm=164.3366, stall_ms=669.6563, stall_at_s=3.5877, lead_in_ms=1033.8957, path_delay_ms=11.6946,
+    rir_ms=278.0191, rt60_ms=502.4068, drr_db=5.7056, path_seed=632540899, seed=170247171,
+)  # fmt: skip
 # a user who talks 2.6 s into the reply, just after the stall: found 0.94 s late
 TALKER = stall_trial(
     gain_db=-8.1306, start_frames=2, lead_frames=6, down_ms=20.3692, burst_ms=222.8854, up_ms=29.3608,
@@ -79,8 +87,9 @@ TALKER = stall_trial(
         (LATER, [ROBOT, STORY, BIRDS], "en-gb"),
         (SOONER, [ROBOT, WEATHER, RAIN], "en"),
         (STAMPED, [STORY, WEATHER, ROBOT], "en-us"),
+        (ONSETS, [WEATHER, STORY, RAIN], "en-us"),
     ],
-    ids=["echo-later", "echo-sooner", "v2-stamps-lag"],
+    ids=["echo-later", "echo-sooner", "v2-stamps-lag", "onsets-after-the-move"],
 )
 def test_a_stall_in_the_reply_is_no_barge_in(trial, texts, voice, caplog):
     caplog.set_level(logging.DEBUG, logger="gateway.aec")
