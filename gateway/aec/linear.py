@@ -31,7 +31,13 @@ microphone instead of taking it off, and `slipped` says so; where playback
 resumes after a pause the canceller calls `doubt`. A doubted stage detects no
 double talk until it has shown again that it cancels, or the canceller,
 having found the echo where it was, calls `trust` and the stage shows that on
-VERIFY_CHUNKS. `echo_like` (no talk, and no louder than Geigel's bound) serves
+VERIFY_CHUNKS; or where the canceller measured the echo's move from the
+filter's own echo path (shift.py), `moved` shifts the reference by it, to a
+fraction of a sample (reference.EchoReference.read_delayed), and restores the
+evidence at once, on probation: for PROBATION_CHUNKS, and until it has shown
+again that it cancels, talk needs Geigel's full bound (the moved filter
+cancelled onsets after a pause poorly, and the echo left passed the usual
+margin: false barge-ins, bench stall models). `echo_like` (no talk, and no louder than Geigel's bound) serves
 the canceller's guard. A new stage is first run 3 times over the last couple of
 seconds of uplink (`warm_up`). While the reference has been silent for longer
 than the filter's span the stage does not run at all.
@@ -171,7 +177,8 @@ class LinearStage:
 
     def moved(self, shift_ms: float) -> None:
         """The echo moved by `shift_ms` (later positive) and the filter, moved with it, was shown
-        to predict it there (shift.ShiftFinder): its evidence from before the doubt holds."""
+        to predict it there (shift.ShiftFinder): its evidence from before the doubt holds, on
+        probation (Geigel's full bound for talk, see the module doc)."""
         moved = self.fraction + shift_ms * RATE / 1000  # in samples
         whole = round(moved)
         self.delay_ms += whole * 1000 / RATE
