@@ -15,7 +15,8 @@ lead the echo) and up to ~500 ms.
   packets, so `end of capture - stamp` (median of the last few) measures how
   late the device plays against our model. Where the measured delay says that
   leaves AEC3 a lag out of its range (a device that stamps the frame it starts
-  to play), the reference moves to leave it AEC3_LAG_MS.
+  to play), the reference moves to leave it AEC3_LAG_MS. Once the echo's move
+  at a resume has been measured (`moved`), as without them.
 * without: ASSUMED_LAG_MS until the delay is measured. Then AEC3 keeps the lag
   it had at the first measurement (moved to AEC3_LAG_MS where that was below
   AEC3_LAG_MIN_MS, the echo ahead of its reference: a device whose uplink frame
@@ -87,7 +88,7 @@ class Aec3Alignment:
     @property
     def offset_ms(self) -> float:
         """AEC3's reference is read this long before the uplink frame's capture time."""
-        if self._offsets:
+        if self._offsets and self._lag_ms is None:
             offset = statistics.median(self._offsets) + self._adjust_ms
         elif self._delay_ms is not None and self._lag_ms is not None:
             offset = self._delay_ms - self._lag_ms
@@ -99,10 +100,23 @@ class Aec3Alignment:
         """The echo's delay (absolute, measured) is now `delay_ms`."""
         lag = delay_ms - self.offset_ms
         in_range = AEC3_LAG_MIN_MS <= lag <= AEC3_LAG_MAX_MS
-        if self._offsets:
+        if self._offsets and self._lag_ms is None:
             if not in_range:
                 self._adjust_ms += lag - AEC3_LAG_MS
             return
         if self._lag_ms is None:
             self._lag_ms = lag if in_range else AEC3_LAG_MS
         self._delay_ms = delay_ms
+
+    def moved(self, delay_ms: float, offset_ms: float) -> None:
+        """The echo's move at a resume was measured from the echo itself (gateway/aec/shift.py),
+        from `delay_ms` on: with v2 timestamps, from now on AEC3 keeps the lag it had and the
+        reference follows the measured delay, as without them. The stamps name the packet
+        playing, so they place the echo only to within a packet (60 ms): after a resume the
+        device's frames and the uplink's fall in another phase, and their median moved by 1 ms
+        where the echo moved by 51 (bench, stall-room-v2), leaving AEC3 to find the rest itself
+        while it leaked echo for ~2 s. `offset_ms`: the offset where playback resumed (the median
+        may have followed part of the move since: it must not count twice)."""
+        if self._offsets and self._lag_ms is None:
+            self._lag_ms = delay_ms - offset_ms
+            self._delay_ms = delay_ms

@@ -33,6 +33,16 @@ shows it (linear.LinearStage.slipped) and is treated alike. The stage moves
 with the echo (the room did not change) and must show again that it cancels
 (linear.LinearStage.trust), else it is rebuilt on what followed the resume;
 AEC3's reference follows the accepted delay so that its filter fits again.
+That took 1-1.5 s (stall models: barge-ins found late, false ones from AEC3
+re-aligned). A proven stage now waits at the resume instead while
+shift.ShiftFinder measures the echo's move from the stage's own echo path
+(~100-250 ms of echo after it, with the user talking or not); the stage then
+moves by it (to a sixteenth of a sample), keeps its evidence, and runs once
+over the frames it waited on. Where the finder finds nothing (a filter that
+does not predict the echo, no clear peak) the slow path above remains. The
+echo may come back up to 250 ms sooner than the stage expects it, which to
+the stage is talk: before the resume, new talk that the echo path could make
+of what plays after it (Geigel's bound) is muted (`_before_resume`).
 
 Echo ceiling (ceiling.py): how loud the echo can be in each chunk, learnt
 without its delay. Far above it a chunk is the user's, whatever AEC3 makes of
@@ -58,9 +68,10 @@ import numpy as np
 
 from gateway.aec.alignment import Aec3Alignment, CaptureClock
 from gateway.aec.ceiling import ECHO_DB, TALK_DB, EchoCeiling
-from gateway.aec.delay import DelayEstimator
+from gateway.aec.delay import DelayEstimator, moved_profile
 from gateway.aec.linear import HOLD_CHUNKS, LEAD_MS, LinearStage
 from gateway.aec.reference import RATE, SAMPLES_PER_MS, EchoReference
+from gateway.aec.shift import MAX_SHIFT_MS, MIN_SHIFT_MS, ShiftFinder
 from gateway.aec.stages import CHUNK, Aec3
 
 log = logging.getLogger(__name__)
@@ -79,6 +90,8 @@ RESUME_FIRST_S = 0.5  # after a resume, a new estimate from this much uplink aft
 LEAK_CHUNKS = 20  # AEC3's recent cancelling, over this many loud chunks that may only be echo ...
 LEAK = 10 ** (20.0 / 10)  # ... leaks below this (median)
 LOUD_RMS = 100.0  # ... chunks this loud (-50 dBFS)
+CALIBRATE_S = 1.0  # a shift search scales the stage's echo path on this much uplink before the resume
+SHIFT_GIVE_UP_S = 1.0  # ... and gives up this long after the latest move it looks for
 TALK = 10 ** (TALK_DB / 10)
 ECHO = 10 ** (ECHO_DB / 10)
 
@@ -111,6 +124,14 @@ class EchoCanceller:
         self._leaks: deque[float] = deque(maxlen=LEAK_CHUNKS)  # mic / AEC3 output powers, echo alone
         self._guard_until_ms = 0.0  # capture time: muting what may be echo (AEC3 may leak) until then
         self._linear: LinearStage | None = None  # once the delay is measured
+        self._finder: ShiftFinder | None = None  # measuring the echo's move at a resume (the stage waits)
+        self._waiting_from_ms = 0.0  # capture time of the first frame the stage waits on
+        self._shifted: deque[float] = deque(maxlen=8)  # resumes whose move the finder measured
+        self._doubted_at: deque[float] = deque(maxlen=8)  # resumes at which the stage was doubted
+        self._talking = False  # the stage's last chunk was talk
+        self._offset_at_resume = 0.0  # AEC3's reference offset where its reference resumed
+        self._held_back = np.zeros(0, bool)  # this frame's chunks of talk just before a resume: muted
+        self._move: tuple[float, float] | None = None  # the last: (resume, the stage's delay before it)
         self._rebuilds = 0
         self._accepted_ms: float | None = None  # the delay the stage and AEC3's reference follow
         self._anchor: np.ndarray | None = None  # the estimator's profile where it was accepted
@@ -143,26 +164,42 @@ class EchoCanceller:
             # echo for a while, and measure the delay again on what follows the resume alone.
             self._guard_until_ms = capture_ms + RESUME_GUARD_S * 1000
             self._leaks.clear()  # how AEC3 cancelled before says nothing of how it does now
+            self._offset_at_resume = self._alignment.offset_ms  # before the stamps follow the move
             if self._accepted_ms is None:
                 self._restart_delay(capture_ms)
         if self._accepted_ms is not None:
             echo_ms = capture_ms - self._accepted_ms  # where the echo in this frame was played
-            if self._resumed_in(echo_ms - LEAD_MS, echo_ms - LEAD_MS + duration_ms):
+            if self._resume_in(echo_ms - LEAD_MS, echo_ms - LEAD_MS + duration_ms) is not None:
                 self._restart_delay(capture_ms)
         ran = None
         if self._linear is not None:
             # the stage's alignment is absolute: a v2 median that moves by a few ms must not move
             # the reference under an adapted filter
             aligned_ms = capture_ms - self._linear.delay_ms + LEAD_MS
-            if self._resumed_in(aligned_ms, aligned_ms + duration_ms):
+            resumed = self._stage_resume_in(aligned_ms, aligned_ms + duration_ms)
+            # the echo after a resume may come back up to -MIN_SHIFT_MS sooner than the stage
+            # expects it, and to the stage it is then talk: before the resume only talk that had
+            # begun before counts (new talk waits for the finder)
+            end_ms = aligned_ms + duration_ms
+            ahead = self._stage_resume_in(end_ms, end_ms - MIN_SHIFT_MS)
+            if resumed is not None and self._finder is None:
+                self._doubted_at.append(resumed)
+                self._search_shift(resumed, capture_ms)
                 self._linear.doubt()
-            aligned = self.reference.read(aligned_ms, pcm.size)
-            ran = self._linear.run(pcm, aligned)  # None: nothing played lately
+            if self._finder is not None:
+                ran = self._find_shift(pcm, capture_ms)  # None while it searches: the stage waits
+            else:
+                ran = self._linear.run(
+                    pcm, self._stage_reference(capture_ms, pcm.size)
+                )  # None: nothing played
+            if ran is not None and ahead is not None:
+                ran = self._before_resume(ran, pcm, ahead)
             if self._linear.slipped:  # the device's playback moved: as after a resume
                 self._linear.doubt()
                 self._guard_until_ms = capture_ms + RESUME_GUARD_S * 1000
                 self._leaks.clear()
                 self._restart_delay(capture_ms)
+        self._talking = ran is not None and bool(ran[1][-1:].any())
         out = self._choose(pcm, capture_ms, out, ran)
         self.frames += 1
         self._account(pcm, ref, out)
@@ -192,6 +229,8 @@ class EchoCanceller:
             may_be_echo = stage.echo_like()  # aligned: what the echo path makes of the reference just played
         else:
             may_be_echo = power <= bound * ECHO  # wherever the echo is: the ceiling
+        held_back = self._held_back if self._held_back.size == chunks else np.zeros(chunks, bool)
+        self._held_back = np.zeros(0, bool)
         leaking = self._aec3_leaking(power, out, may_be_echo & ~talk)
         guard = self._active_s < GUARD_S or capture_ms < self._guard_until_ms or leaking
         self.guarding = guard
@@ -202,7 +241,7 @@ class EchoCanceller:
             elif self._talk_hold:
                 self._talk_hold -= 1
             elif not talk[k]:
-                if guard and may_be_echo[k]:
+                if (guard and may_be_echo[k]) or held_back[k]:
                     out[part] = 0
                 continue
             out[part] = whole[part]
@@ -228,6 +267,134 @@ class EchoCanceller:
 
     def _resumed_in(self, start_ms: float, end_ms: float) -> bool:
         return any(start_ms <= t < end_ms for t in self.reference.resumes)
+
+    def _resume_in(self, start_ms: float, end_ms: float) -> float | None:
+        """Where playback resumed between the two play times, unless the echo's move there is
+        known (shift.ShiftFinder)."""
+        return next(
+            (t for t in self.reference.resumes if start_ms <= t < end_ms and t not in self._shifted), None
+        )
+
+    def _before_resume(
+        self, ran: tuple[np.ndarray, np.ndarray], pcm: np.ndarray, resumed_ms: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The stage's output just before a resume whose echo may come back early: its new talk
+        (from the first chunk without it on) may be that echo, which the stage does not expect
+        yet. Where the microphone peaks no higher than the echo path (Geigel's bound) makes of
+        what plays in the first -MIN_SHIFT_MS after the resume, it is muted."""
+        stage = self._linear
+        assert stage is not None
+        whole, talk = ran
+        ongoing = np.logical_and.accumulate(talk) if self._talking else np.zeros_like(talk)
+        chunks = talk.size
+        peaks = np.max(np.abs(pcm[: chunks * CHUNK].astype(np.float64).reshape(chunks, CHUNK)), axis=1)
+        resumed = self.reference.read(resumed_ms, int(-MIN_SHIFT_MS * SAMPLES_PER_MS) + CHUNK)
+        bound = stage.peak_gain() * float(np.max(np.abs(resumed.astype(np.float64))))
+        held_back = talk & ~ongoing & (peaks <= bound)
+        self._held_back = held_back
+        return whole, talk & ~held_back
+
+    def _stage_resume_in(self, start_ms: float, end_ms: float) -> float | None:
+        """`_resume_in` for the linear stage: each resume once."""
+        return next(
+            (
+                t
+                for t in self.reference.resumes
+                if start_ms <= t < end_ms and t not in self._shifted and t not in self._doubted_at
+            ),
+            None,
+        )
+
+    # ---- the echo's move at a resume ------------------------------------------------
+
+    def _search_shift(self, resumed_ms: float, capture_ms: float) -> None:
+        """A proven stage stops where playback resumed (what it would learn there may be the
+        echo moved against it) until a ShiftFinder has measured the echo's move from its echo path."""
+        stage = self._linear
+        if stage is None or not stage.proven:
+            return
+        finder = ShiftFinder(
+            self.reference.read,
+            stage.impulse_response(),
+            delay_ms=stage.delay_ms,
+            lead_ms=LEAD_MS,
+            resumed_ms=resumed_ms,
+        )
+        start_ms = min(finder.echo_ms, capture_ms) - CALIBRATE_S * 1000
+        mic = self._uplink(start_ms, min(finder.echo_ms, capture_ms))
+        if mic is None or not finder.calibrate(mic, start_ms):
+            log.debug("echo canceller: no shift search at a resume (the filter does not predict the echo)")
+            return
+        self._finder = finder
+        self._waiting_from_ms = capture_ms
+
+    def _find_shift(self, pcm: np.ndarray, capture_ms: float) -> tuple[np.ndarray, np.ndarray] | None:
+        """The finder's verdict with this frame; once it has one, the stage moves by it and runs
+        over the frames it waited on (the last one's output is this frame's)."""
+        finder, stage = self._finder, self._linear
+        assert finder is not None and stage is not None
+        end_ms = capture_ms + pcm.size / SAMPLES_PER_MS
+        mic = self._uplink(finder.start_ms, end_ms, (capture_ms, pcm))
+        shift = None if mic is None else finder.find(mic)
+        if shift is None and end_ms < finder.echo_ms + MAX_SHIFT_MS + SHIFT_GIVE_UP_S * 1000:
+            return None
+        self._finder = None
+        if shift is not None:
+            self._move = (finder.resumed_ms, stage.delay_ms)
+            stage.moved(shift)
+            self._shifted.append(finder.resumed_ms)
+            self._resumed = False  # the move after the resume is measured
+            if self._accepted_ms is not None:
+                self._alignment.moved(self._accepted_ms, self._offset_at_resume)
+                self._accept(self._accepted_ms + shift)
+            if self._anchor is not None:
+                self._anchor = moved_profile(self._anchor, shift)
+            log.debug("echo canceller: the echo moved %.1f ms where playback resumed", shift)
+        # else: not found; the stage, doubted, goes on as it was (the delay is measured again)
+        ran = None
+        frames = [(c, p) for c, p in self._recent if c >= self._waiting_from_ms] + [(capture_ms, pcm)]
+        # once: run again over the same frames, SpeexDSP's filter (its reference history broken
+        # between passes) took talk for echo after the move (bench: stall-plain-v1 seed 2)
+        for frame_ms, frame in frames:
+            ran = stage.run(frame, self._stage_reference(frame_ms, frame.size))
+        return ran
+
+    def _stage_reference(self, capture_ms: float, size: int) -> np.ndarray:
+        """The linear stage's reference for uplink captured from `capture_ms` on: read at its
+        alignment, but where the echo moved at a resume, what played before it where its echo was
+        (else the stage learns the echo of that where the uplink is silent, and unlearns the path)."""
+        stage = self._linear
+        assert stage is not None
+        aligned_ms = capture_ms - stage.delay_ms + LEAD_MS
+        ref = self.reference.read_delayed(aligned_ms, size, stage.fraction)
+        if self._move is None:
+            return ref
+        resumed_ms, old_delay_ms = self._move
+        old_ms = capture_ms - old_delay_ms + LEAD_MS
+        if old_ms >= resumed_ms and aligned_ms >= resumed_ms:
+            return ref
+        new_from = min(max(int(round((resumed_ms - aligned_ms) * SAMPLES_PER_MS)), 0), size)
+        old_to = min(max(int(round((resumed_ms - old_ms) * SAMPLES_PER_MS)), 0), size)
+        out = np.zeros(size, np.int32)
+        out[new_from:] = ref[new_from:]
+        out[:old_to] += self.reference.read(old_ms, old_to)
+        return np.clip(out, -32768, 32767).astype(np.int16)
+
+    def _uplink(
+        self, start_ms: float, end_ms: float, current: tuple[float, np.ndarray] | None = None
+    ) -> np.ndarray | None:
+        """The uplink captured from `start_ms` to `end_ms` (kept frames, and `current`); None where
+        it does not reach back that far."""
+        frames = list(self._recent) + ([current] if current is not None else [])
+        if not frames or frames[0][0] > start_ms + 1.0 or end_ms <= start_ms:
+            return None
+        out = np.zeros(int(round((end_ms - start_ms) * SAMPLES_PER_MS)), np.int16)
+        for frame_ms, frame in frames:
+            at = int(round((frame_ms - start_ms) * SAMPLES_PER_MS))
+            lo, hi = max(at, 0), min(at + frame.size, out.size)
+            if hi > lo:
+                out[lo:hi] = frame[lo - at : hi - at]
+        return out
 
     def _on_estimate(self, estimate: float) -> None:
         """A new delay estimate. Until the linear stage has converged it is rebuilt at each
@@ -309,6 +476,8 @@ class EchoCanceller:
         ]
         stage.warm_up(frames, WARM_UP_PASSES)
         self._linear = stage
+        self._finder = None
+        self._move = None
         self._rebuilds += 1
         log.debug("echo canceller's linear stage aligned to %.1f ms", delay_ms)
 

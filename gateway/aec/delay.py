@@ -157,6 +157,17 @@ class DelayEstimator:
         return -(best - lo) * DECIMATE / SAMPLES_PER_MS  # a later index is an earlier delay
 
 
+def moved_profile(profile: np.ndarray, shift_ms: float) -> np.ndarray:
+    """An estimate's `profile` with the echo `shift_ms` later (the anchor of `shift_since`)."""
+    k = int(round(shift_ms * SAMPLES_PER_MS / DECIMATE))  # a later delay is an earlier index
+    out = np.zeros_like(profile)
+    if k >= 0:
+        out[: profile.size - k] = profile[k:]
+    else:
+        out[-k:] = profile[: profile.size + k]
+    return out
+
+
 def _peaks(profile: np.ndarray) -> np.ndarray:
     """The correlation's peaks over its noise (~4 sigma: 6 times the median of |noise|)."""
     return np.maximum(profile - 6 * float(np.median(profile)), 0.0)

@@ -31,7 +31,13 @@ microphone instead of taking it off, and `slipped` says so; where playback
 resumes after a pause the canceller calls `doubt`. A doubted stage detects no
 double talk until it has shown again that it cancels, or the canceller,
 having found the echo where it was, calls `trust` and the stage shows that on
-VERIFY_CHUNKS. `echo_like` (no talk, and no louder than Geigel's bound) serves
+VERIFY_CHUNKS; or where the canceller measured the echo's move from the
+filter's own echo path (shift.py), `moved` shifts the reference by it, to a
+fraction of a sample (reference.EchoReference.read_delayed), and restores the
+evidence at once, on probation: for PROBATION_CHUNKS, and until it has shown
+again that it cancels, talk needs Geigel's full bound (the moved filter
+cancelled onsets after a pause poorly, and the echo left passed the usual
+margin: false barge-ins, bench stall models). `echo_like` (no talk, and no louder than Geigel's bound) serves
 the canceller's guard. A new stage is first run 3 times over the last couple of
 seconds of uplink (`warm_up`). While the reference has been silent for longer
 than the filter's span the stage does not run at all.
@@ -77,6 +83,7 @@ ALONE_GEIGEL = 0.35  # a +5 dB chunk is talk where Geigel's test fails, but not 
 GEIGEL_CHUNKS = 16  # the reference's recent peak: over the filter's span (128 ms + LEAD_MS)
 GEIGEL_REF_FLOOR = 1000.0  # ... learnt from chunks whose reference peaked above this (-30 dBFS)
 GEIGEL_MARGIN = 0.7  # ... double talk peaks above this times the echo path's usual peak gain
+PROBATION_CHUNKS = 250  # a stage moved with the echo (`moved`) takes talk on Geigel's full bound this long
 GUARD_GAIN = 1.0  # echo_like before the echo path's peak gain is learnt: 0 dB, more than any path
 # the aligned reference runs this far ahead of the echo: the estimate may lock on a reflection a little
 # after the direct sound, which the filter must still see coming (it is causal)
@@ -88,6 +95,9 @@ class LinearStage:
 
     def __init__(self, delay_ms: float) -> None:
         self.delay_ms = delay_ms
+        self.fraction = 0.0  # samples: the reference is read this much later than delay_ms says (moved)
+        self._fresh: list[bool] | None = None  # since `moved`: evidence of its own (None: not on probation)
+        self._probation = 0  # chunks of probation left
         self._speex = SpeexEchoCanceller(frame=CHUNK, filter_length=LINEAR_TAPS, rate=RATE)
         self._below: deque[bool] = deque(maxlen=BELOW_WINDOW)  # recent chunks with echo: left well under it?
         self._gains: deque[float] = deque(maxlen=300)  # mic peak / recent reference peak, echo alone
@@ -156,6 +166,35 @@ class LinearStage:
             self._restore_in = SILENT_CHUNKS
             self._verifying = False
 
+    @property
+    def proven(self) -> bool:
+        """Converged, or was so where it was doubted (its echo path is known)."""
+        return self.converged or (self._doubted is not None and self._doubted[1])
+
+    def impulse_response(self) -> np.ndarray:
+        """The filter's echo path (SpeexDSP's units), from `delay_ms - LEAD_MS` on."""
+        return self._speex.impulse_response()
+
+    def moved(self, shift_ms: float) -> None:
+        """The echo moved by `shift_ms` (later positive) and the filter, moved with it, was shown
+        to predict it there (shift.ShiftFinder): its evidence from before the doubt holds, on
+        probation (Geigel's full bound for talk, see the module doc)."""
+        moved = self.fraction + shift_ms * RATE / 1000  # in samples
+        whole = round(moved)
+        self.delay_ms += whole * 1000 / RATE
+        self.fraction = moved - whole
+        if self._doubted is not None:
+            below, converged = self._doubted
+            self._below.clear()
+            self._below.extend(below)
+            self.converged = converged
+            self._doubted = None
+        self._restore_in = 0
+        self._verifying = False
+        self.trust_failed = False
+        self._fresh = []  # on probation until it has shown again that it cancels ...
+        self._probation = PROBATION_CHUNKS  # ... and for this long
+
     def _restore(self, chunks: int) -> None:
         if self._doubted is None:
             return
@@ -218,11 +257,11 @@ class LinearStage:
         self._ref_peaks = peaks[-(GEIGEL_CHUNKS - 1) :]
         gain = mic_peak / window
         learnt = len(self._gains) >= GEIGEL_LEARNT
-        louder = (
-            gain > GEIGEL_MARGIN * float(np.percentile(self._gains, 95))
-            if learnt
-            else np.ones(gain.size, bool)
-        )
+        # moved, its evidence restored but not yet its own again (`moved`): Geigel's test in full
+        # (the echo path's usual peak gain, not less): where SpeexDSP, moved, cancels an onset
+        # after a pause poorly, the echo left passed GEIGEL_MARGIN (bench, stall models)
+        margin = 1.0 if self._fresh is not None else GEIGEL_MARGIN
+        louder = gain > margin * float(np.percentile(self._gains, 95)) if learnt else np.ones(gain.size, bool)
         mic_power = np.mean(mic.astype(np.float64).reshape(-1, CHUNK) ** 2, axis=1)
         # a filter the echo has slipped away from (the device's playback moved) adds its prediction
         # to the microphone instead of taking it off, where the microphone holds about as much
@@ -240,6 +279,8 @@ class LinearStage:
             # the room's tail after a word, which no linear filter of ours takes off, also leaves
             # +5 dB, but under a microphone far quieter than the echo path's usual peak
             alone = talk & strong & (gain > ALONE_GEIGEL * float(np.percentile(self._gains, 95)))
+            if self._fresh is not None:
+                alone[:] = False
             talk &= louder
         talk = self._hold_on(talk, strong) | alone  # ... but only talk that passed it holds talk on
         self._last_gain, self._last_talk = gain, talk
@@ -249,6 +290,15 @@ class LinearStage:
             evidence &= gain <= float(np.percentile(self._gains, 95))
         below_now = (left[evidence] < echo[evidence] * CONVERGED_SHARE).tolist()
         self._below.extend(below_now)
+        if self._fresh is not None:
+            self._fresh.extend(below_now)
+            self._probation -= left.size
+            if (
+                self._probation <= 0
+                and len(self._fresh) >= BELOW_WINDOW // 2
+                and sum(self._fresh) >= 0.5 * len(self._fresh)
+            ):
+                self._fresh = None
         self._gains.extend(gain[with_echo & (window > GEIGEL_REF_FLOOR)].tolist())
         below = self._below
         # converged once half the chunks with echo left under -10 dB; it stays so down to a third
@@ -275,9 +325,12 @@ class LinearStage:
         """Per chunk of the last `run`: no talk, and the microphone no louder than the echo path
         usually makes of the reference's recent peak (Geigel; its 95th percentile), for the
         canceller's early guard."""
-        learnt = len(self._gains) >= GEIGEL_LEARNT
-        bound = float(np.percentile(self._gains, 95)) if learnt else GUARD_GAIN
-        return ~self._last_talk & (self._last_gain <= bound)
+        return ~self._last_talk & (self._last_gain <= self.peak_gain())
+
+    def peak_gain(self) -> float:
+        """Geigel's bound: the echo path's usual peak gain (its 95th percentile; GUARD_GAIN before
+        it is learnt)."""
+        return float(np.percentile(self._gains, 95)) if len(self._gains) >= GEIGEL_LEARNT else GUARD_GAIN
 
     def _hold_on(self, talk: np.ndarray, strong: np.ndarray) -> np.ndarray:
         """A talk chunk that left well above the echo holds talk for HOLD_CHUNKS: speech is

@@ -20,6 +20,7 @@ from audio_codecs.opus import OpusDecodeError, OpusDecoder
 
 RATE = 16000
 SAMPLES_PER_MS = RATE // 1000
+SINC_HALF = 16  # read_delayed's interpolator: 33 taps
 
 
 class EchoReference:
@@ -58,6 +59,18 @@ class EchoReference:
             idx = np.arange(lo, hi) % size
             out[lo - start : hi - start] = self._ring[idx]
         return out
+
+    def read_delayed(self, start_ms: float, count: int, delay: float) -> np.ndarray:
+        """`read`, `delay` samples (|delay| <= 1) later: windowed-sinc interpolation over
+        2 * SINC_HALF + 1 samples (neither AEC library moves a signal by part of a sample; the
+        linear stage's filter, moved with the echo, needs it: gateway/aec/shift.py)."""
+        if not delay:
+            return self.read(start_ms, count)
+        wide = self.read(start_ms - SINC_HALF / SAMPLES_PER_MS, count + 2 * SINC_HALF).astype(np.float64)
+        k = np.arange(-SINC_HALF, SINC_HALF + 1)
+        taps = np.sinc(k - delay) * np.blackman(k.size + 2)[1:-1]
+        moved = np.convolve(wide, taps / taps.sum(), mode="valid")
+        return np.clip(np.round(moved), -32768, 32767).astype(np.int16)
 
     def _write(self, start: int, pcm: np.ndarray) -> None:
         size = self._ring.size

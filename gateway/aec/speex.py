@@ -28,6 +28,8 @@ import weakref
 import numpy as np
 
 _SET_SAMPLING_RATE = 24  # SPEEX_ECHO_SET_SAMPLING_RATE (speex/speex_echo.h)
+_GET_IMPULSE_RESPONSE_SIZE = 27  # SPEEX_ECHO_GET_IMPULSE_RESPONSE_SIZE
+_GET_IMPULSE_RESPONSE = 29  # SPEEX_ECHO_GET_IMPULSE_RESPONSE (int32 per tap)
 
 
 class SpeexUnavailable(RuntimeError):
@@ -78,6 +80,14 @@ class SpeexEchoCanceller:
     def reset(self) -> None:
         """Forgets the adapted filter (the reference was moved)."""
         self._lib.speex_echo_state_reset(self._state)
+
+    def impulse_response(self) -> np.ndarray:
+        """The adapted filter's impulse response (int32 taps in the library's own scale: fit it)."""
+        size = ctypes.c_int(0)
+        self._lib.speex_echo_ctl(self._state, _GET_IMPULSE_RESPONSE_SIZE, ctypes.byref(size))
+        taps = np.zeros(size.value, np.int32)
+        self._lib.speex_echo_ctl(self._state, _GET_IMPULSE_RESPONSE, taps.ctypes.data)
+        return taps
 
     def cancel(self, mic: np.ndarray, ref: np.ndarray) -> np.ndarray:
         """`mic` less the echo of `ref` (int16, equal sizes, a multiple of `frame`), frame by frame."""
