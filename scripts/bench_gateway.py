@@ -52,14 +52,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,18 +63,16 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from gateway.xiaozhi import Stt  # noqa: E402
+from scripts.bench_gateway_server import free_port, server_process, wait_ready  # noqa: E402
+from scripts.bench_gateway_stats import Stats, device_underruns, percentile, print_table  # noqa: E402
 from scripts.bench_process_stats import child_pids, cpu_seconds, cpu_seconds_of, engine_steps  # noqa: E402
-from scripts.bench_transport import (  # noqa: E402
-    arrival_gaps,
-    lost_frames,
-    make_device,
-    open_device,
-    prepare_devices,
-    transport_env,
-    udp_counters,
-)
+from scripts.bench_transport import make_device, open_device, prepare_devices, transport_env, udp_counters  # noqa: E402
 from scripts.device_sim import DeviceSimulator, Turn  # noqa: E402
 from scripts.speech import Utterance, utterance  # noqa: E402
+
+__all__ = [  # the figures and the server are imported from here too (scripts/bench_service.py, tests)
+    "Stats", "bench", "device_underruns", "free_port", "percentile", "run_device", "server_process", "wait_ready",
+]  # fmt: skip
 
 QUERIES = [
     "Tell me something nice about the weather today, please.",
@@ -90,67 +84,7 @@ SPOKEN = [
     "Please play some music for me.",
     "Set a timer for ten minutes.",
 ]
-FRAME_S = 0.06
-LATE_S = FRAME_S + 0.005  # a frame arriving later than this after the one before it is late
-EARLY_FRAMES = 10  # "first frames of a turn" for late10_pct
 ENGINE_ENV = {"inprocess": {"XZ_ENGINE__WORKERS": "0"}, "worker": {"XZ_ENGINE__WORKERS": "1"}}
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[k]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class Stats:
-    first_audio: list[float] = field(default_factory=list)
-    stt: list[float] = field(default_factory=list)
-    intervals: list[float] = field(default_factory=list)
-    underruns: int = 0
-    turns: int = 0
-    failed: int = 0
-    early_gaps: int = 0  # inter-arrival gaps among the first EARLY_FRAMES frames of each turn
-    early_late: int = 0
-    gaps: int = 0  # gaps after the pre-buffer burst, whole turns
-    late: int = 0
-    frames: int = 0
-    lost: int = 0  # downlink packets a UDP device missed (sequence gaps)
-
-    def add_turn(self, turn: Turn) -> None:
-        self.turns += 1
-        if turn.first_audio_latency is not None:
-            self.first_audio.append(turn.first_audio_latency)
-        gaps = arrival_gaps(turn)  # a gap that a lost UDP packet explains is loss, not lateness
-        steady = gaps[5:]
-        self.intervals.extend(steady)
-        self.underruns += device_underruns(turn)
-        self.frames += len(turn.frames)
-        self.lost += lost_frames(turn)
-        early = gaps[: EARLY_FRAMES - 1]
-        self.early_gaps += len(early)
-        self.early_late += sum(g > LATE_S for g in early)
-        self.gaps += len(steady)
-        self.late += sum(g > LATE_S for g in steady)
-
-
-def device_underruns(turn: Turn, frame_s: float = FRAME_S) -> int:
-    """Times the device's playback queue ran dry before the turn's last frame."""
-    play_end = None
-    count = 0
-    for record in turn.frames:
-        if play_end is not None and record.t > play_end + 0.005:
-            count += 1
-        play_end = (record.t if play_end is None or record.t > play_end else play_end) + frame_s
-    return count
 
 
 async def speech_turn(sim: DeviceSimulator, clip: Utterance, timeout: float) -> Turn:
@@ -254,77 +188,6 @@ async def bench(
         "udp_lost_pct": 100 * stats.lost / (stats.frames + stats.lost) if stats.frames else float("nan"),
         "client_cpu_pct": 100 * client_cpu / wall,
     }
-
-
-@contextlib.contextmanager
-def server_process(backend: str, port: int, extra_env: dict[str, str]):
-    env = {**os.environ, "XZ_TTS__BACKEND": backend, "XZ_SERVER__LOG_LEVEL": "warning", **extra_env}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(port)],
-        cwd=ROOT,
-        env=env,
-    )
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-async def wait_ready(url: str, timeout: float = 60.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    async with httpx.AsyncClient() as client:
-        while True:
-            try:
-                if (await client.get(f"{url}/v1/health")).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("server did not start")
-            await asyncio.sleep(0.2)
-
-
-def print_table(
-    backend: str,
-    rows: list[dict[str, float]],
-    *,
-    speech: bool = False,
-    burst: bool = False,
-    engine: str | None = None,
-    transport: str | None = None,
-) -> None:
-    cols = [
-        ("devices", "{:>7.0f}"),
-        ("turns", "{:>6.0f}"),
-        ("failed", "{:>6.0f}"),
-        *([("stt_p50_ms", "{:>10.1f}"), ("stt_p95_ms", "{:>10.1f}")] if speech else []),
-        ("first_p50_ms", "{:>12.1f}"),
-        ("first_p95_ms", "{:>12.1f}"),
-        ("interval_mean_ms", "{:>16.2f}"),
-        ("gap_p99_ms", "{:>10.1f}"),
-        ("underruns", "{:>9.0f}"),
-        ("late10_pct", "{:>10.1f}"),
-        ("late_pct", "{:>8.1f}"),
-        ("cpu_pct_per_device", "{:>18.2f}"),
-        *([("worker_cpu_pct_per_device", "{:>25.2f}"), ("steps_per_s", "{:>11.1f}")] if engine else []),
-        *([("client_cpu_pct", "{:>14.1f}")] if transport else []),
-        *([("udp_lost_pct", "{:>12.2f}")] if transport and transport != "websocket" else []),
-    ]
-    notes = [" (speech: latencies from the end of the user's speech)" if speech else ""]
-    notes.append(" (burst: every turn starts on all devices at once)" if burst else "")
-    engine_note = f", engine: {engine}" if engine else ""
-    engine_note += f", transport: {transport}" if transport else ""
-    print(f"\nbackend: {backend}{engine_note}" + "".join(notes))
-    print(" ".join(f"{name:>{len(fmt.format(0))}}" for name, fmt in cols))
-    for row in rows:
-        print(" ".join(fmt.format(row[name]) for name, fmt in cols))
-
 
 def speech_setup(args: argparse.Namespace, workdir: Path) -> tuple[dict[str, str], list[Utterance]]:
     """Server environment and the spoken clips for --speech."""

@@ -13,7 +13,8 @@
   SUBSCRIBE to `subscribe_topic` after CONNACK, uplink headers that keep the nonce's timestamp.
 
 `Impairment` drops and reorders datagrams in both directions (a weak Wi-Fi link), at the device's
-socket, so the server sees exactly what a lossy network would give it.
+socket, so the server sees exactly what a lossy network would give it (scripts/device_sim_udp.py, with the
+silent microphone frame); the subscribing device's paho-mqtt client is scripts/device_sim_paho.py.
 """
 
 from __future__ import annotations
@@ -21,10 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import random
-import threading
-import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.transport import mqtt_codec as mq
@@ -49,74 +46,13 @@ from gateway.xiaozhi.udp import (
     open_payload,
     seal,
 )
-from scripts.device_sim import DeviceSimulator, LostFrames, Record
+from scripts.device_sim import DeviceSimulator, LostFrames
+from scripts.device_sim_paho import PahoConnection
+from scripts.device_sim_udp import MIC_FRAMES_ON_LISTEN, SILENT_FRAME, Impairment, UdpProtocol
+
+__all__ = ["SILENT_FRAME", "Impairment", "MqttDeviceSimulator", "SubscribingMqttDevice"]
 
 FIRMWARE_HELLO_VERSION = 3
-
-
-def _silent_frame() -> bytes:
-    import numpy as np
-
-    from audio_codecs.opus import OpusEncoder
-
-    return OpusEncoder(16000, 60).encode(np.zeros(960, np.int16))[0]
-
-
-SILENT_FRAME = _silent_frame()  # 60 ms of silence, 16 kHz mono Opus
-MIC_FRAMES_ON_LISTEN = 3  # so that even a lossy link (--udp-loss) tells the server where the device is
-
-
-@dataclass
-class Impairment:
-    """Random loss and reordering of datagrams, one direction: `loss` of them vanish, `reorder` of them
-    arrive after the packet that follows them (the rest in order)."""
-
-    loss: float = 0.0
-    reorder: float = 0.0
-    seed: int = 0
-    dropped: int = 0
-    reordered: int = 0
-    _rng: random.Random = field(init=False, repr=False)
-    _held: bytes | None = field(default=None, init=False, repr=False)
-    _flush: asyncio.TimerHandle | None = field(default=None, init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self._rng = random.Random(self.seed)
-
-    def apply(self, data: bytes, deliver: Any) -> None:
-        if self.loss and self._rng.random() < self.loss:
-            self.dropped += 1
-            return
-        if self._held is not None:
-            held, self._held = self._held, None
-            if self._flush is not None:
-                self._flush.cancel()
-            deliver(data)
-            deliver(held)  # it was overtaken by this one
-            return
-        if self.reorder and self._rng.random() < self.reorder:
-            self.reordered += 1
-            self._held = data
-            # a held packet with none behind it arrives a little late anyway
-            self._flush = asyncio.get_running_loop().call_later(0.12, self._release, deliver)
-            return
-        deliver(data)
-
-    def _release(self, deliver: Any) -> None:
-        held, self._held = self._held, None
-        if held is not None:
-            deliver(held)
-
-
-class _UdpProtocol(asyncio.DatagramProtocol):
-    def __init__(self, on_datagram: Any) -> None:
-        self.on_datagram = on_datagram
-
-    def datagram_received(self, data: bytes, addr: Any) -> None:
-        self.on_datagram(data)
-
-    def error_received(self, exc: Exception) -> None:
-        pass  # ICMP port unreachable after the server went away
 
 
 class MqttDeviceSimulator(DeviceSimulator):
@@ -232,15 +168,19 @@ class MqttDeviceSimulator(DeviceSimulator):
         return hello
 
     async def _open_udp(self, server: str, port: int) -> None:
-        if self._udp is not None:
-            self._udp.close()
+        self._close_udp()
         loop = asyncio.get_running_loop()
         # connected, as the firmware's: the kernel only delivers datagrams from the announced address
         self._udp, _ = await loop.create_datagram_endpoint(
-            lambda: _UdpProtocol(lambda data: self.downlink.apply(data, self._on_datagram)),
+            lambda: UdpProtocol(lambda data: self.downlink.apply(data, self._on_datagram)),
             remote_addr=(server, port),
         )
         self.udp_address = self._udp.get_extra_info("sockname")
+
+    def _close_udp(self) -> None:
+        if self._udp is not None:
+            self._udp.close()
+            self._udp = None
 
     async def rebind_udp(self) -> None:
         """A new local UDP port toward the same server (a NAT rebinding, as the server sees it)."""
@@ -260,14 +200,16 @@ class MqttDeviceSimulator(DeviceSimulator):
         return self._writer is not None and not self._writer.is_closing() and not self.closed.is_set()
 
     async def mqtt_disconnect(self) -> None:
-        if self._udp is not None:
-            self._udp.close()
-            self._udp = None
+        self._close_udp()
         if self._writer is not None:
             with contextlib.suppress(Exception):
                 self._write(mq.DisconnectPacket().to_bytes())
                 self._writer.close()
                 await asyncio.wait_for(self._writer.wait_closed(), 2)
+        await self._stop_tasks()
+
+    async def _stop_tasks(self) -> None:
+        """Cancels the connection's tasks and waits for them; the device counts as closed."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -352,11 +294,6 @@ class MqttDeviceSimulator(DeviceSimulator):
             self.on_audio(event)
         self._record(event)
 
-    def _record(self, event: Any) -> None:
-        record = Record(time.monotonic(), event)
-        self.records.append(record)
-        self._inbox.put_nowait(record)
-
     async def _on_text(self, text: str) -> None:
         try:
             message = json.loads(text)
@@ -366,9 +303,7 @@ class MqttDeviceSimulator(DeviceSimulator):
             # the firmware honours a goodbye only with its own session id
             if message.get("session_id") == self.conn.session_id:
                 self.goodbye.set()
-                if self._udp is not None:
-                    self._udp.close()
-                    self._udp = None
+                self._close_udp()
             self._record(Goodbye())
             return
         event = self.conn.receive_text(text)
@@ -421,67 +356,24 @@ class SubscribingMqttDevice(MqttDeviceSimulator):
 
     def __init__(self, base_url: str, **kwargs: Any) -> None:
         super().__init__(base_url, **kwargs)
-        self._paho: Any = None
-        self.subscribed = asyncio.Event()
-        self.granted: list[int] = []
+        self.paho = PahoConnection(self._on_text, lambda: self.closed.set())
+        self.subscribed = self.paho.subscribed
+        self.granted = self.paho.granted
 
     async def mqtt_connect(self, *, client_id: str | None = None, username: str | None = None,
                            password: str | None = None, timeout: float = 10.0, pings: bool = True,
                            protocol_level: int = 4) -> int:  # fmt: skip
-        import paho.mqtt.client as paho
-
         if self.mqtt is None:
             await self.ota()
         assert self.mqtt is not None
-        loop = asyncio.get_running_loop()
-        connack: asyncio.Future[int] = loop.create_future()
-        mqtt = self.mqtt
-        client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=client_id or mqtt["client_id"],
-                             clean_session=True, protocol=paho.MQTTv311)  # fmt: skip
-        client.username_pw_set(username or mqtt["username"], password or mqtt["password"])
-
-        def on_connect(c: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
-            code = reason.value if hasattr(reason, "value") else int(reason)
-            loop.call_soon_threadsafe(lambda: connack.done() or connack.set_result(code))
-            if code == 0:
-                c.subscribe(mqtt["subscribe_topic"], qos=1)
-
-        def on_subscribe(c: Any, userdata: Any, mid: Any, reasons: Any, properties: Any) -> None:
-            codes = [r.value if hasattr(r, "value") else int(r) for r in reasons]
-            loop.call_soon_threadsafe(lambda: (self.granted.extend(codes), self.subscribed.set()))
-
-        messages: asyncio.Queue[str] = asyncio.Queue()  # in arrival order, handled on the loop
-
-        def on_message(c: Any, userdata: Any, message: Any) -> None:
-            loop.call_soon_threadsafe(messages.put_nowait, message.payload.decode("utf-8"))
-
-        async def handle() -> None:
-            while True:
-                await self._on_text(await messages.get())
-
-        self._tasks.append(asyncio.create_task(handle()))
-
-        def on_disconnect(c: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
-            loop.call_soon_threadsafe(self.closed.set)
-
-        client.on_connect, client.on_subscribe = on_connect, on_subscribe
-        client.on_message, client.on_disconnect = on_message, on_disconnect
         host, port = self.endpoint()
-        keepalive = self.keepalive_s or int(mqtt.get("keepalive", 240))
-        await asyncio.to_thread(client.connect, host, port, keepalive)
-        client.loop_start()
-        self._paho = client
-        async with asyncio.timeout(timeout):
-            code = await connack
-            if code == 0:
-                await self.subscribed.wait()
-        return code
+        keepalive = self.keepalive_s or int(self.mqtt.get("keepalive", 240))
+        return await self.paho.connect(self.mqtt, host, port, keepalive, client_id=client_id, username=username,
+                                       password=password, tasks=self._tasks, timeout=timeout)  # fmt: skip
 
     async def publish(self, text: str, *, topic: str | None = None, qos: int = 0, packet_id: int = 1) -> None:
-        assert self.mqtt is not None and self._paho is not None
-        info = self._paho.publish(topic or self.mqtt["publish_topic"], text.encode("utf-8"), qos=qos)
-        if qos:
-            await asyncio.to_thread(info.wait_for_publish, 5)
+        assert self.mqtt is not None and self.paho.client is not None
+        await self.paho.publish(topic or self.mqtt["publish_topic"], text, qos)
 
     def uplink_packet(self, opus: bytes, timestamp_ms: int = 0) -> bytes:
         assert self.keys is not None and self._cipher is not None
@@ -495,23 +387,9 @@ class SubscribingMqttDevice(MqttDeviceSimulator):
 
     @property
     def mqtt_open(self) -> bool:
-        return self._paho is not None and self._paho.is_connected()
+        return self.paho.is_open
 
     async def mqtt_disconnect(self) -> None:
-        if self._udp is not None:
-            self._udp.close()
-            self._udp = None
-        client, self._paho = self._paho, None
-        if client is not None:
-            done = threading.Event()
-            client.on_disconnect = lambda *a: done.set()
-            client.disconnect()
-            await asyncio.to_thread(done.wait, 2)
-            client.loop_stop()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._tasks.clear()
-        self.closed.set()
+        self._close_udp()
+        await self.paho.disconnect()
+        await self._stop_tasks()

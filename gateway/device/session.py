@@ -11,7 +11,7 @@ the device's memory when the agent has memory on. The device registry (gateway/d
 session begins and ends, and each turn's first-audio latency.
 
 Its parts: the turns (gateway/speech/turns.py, one `Turn` per reply, gateway/speech/turn.py),
-listening (gateway/device/listen.py), tools (gateway/device/session_tools.py), the idle
+the hello, the agent and echo cancellation (gateway/device/hello.py), listening (gateway/device/listen.py), tools (gateway/device/session_tools.py), the idle
 deadlines (gateway/device/idle.py). The registry of live sessions belongs to the
 device socket (gateway/device/socket.py, gateway/device/registry.py).
 """
@@ -28,12 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from gateway.aec import EchoCanceller, EchoReference
-from gateway.agents.active import ActiveAgent
+from gateway.aec import EchoCanceller
+from gateway.device.hello import HelloHandling
 from gateway.device.idle import IdleClock
 from gateway.device.listen import ListenHandling, TaskFactory
 from gateway.device.listener import Listener
-from gateway.device.mcp_client import DeviceMcpClient, VisionCapability
+from gateway.device.mcp_client import DeviceMcpClient
 from gateway.device.session_tools import SessionTools
 from gateway.llm.conversation import Conversation
 from gateway.services import Services
@@ -44,7 +44,6 @@ from gateway.xiaozhi import (
     Abort,
     AudioIn,
     AudioOut,
-    AudioParams,
     Event,
     HandshakeInfo,
     Hello,
@@ -53,7 +52,6 @@ from gateway.xiaozhi import (
     McpMessage,
     RemoteProtocolError,
     Role,
-    ServerHello,
     Stt,
     TtsStart,
     TtsStop,
@@ -70,7 +68,7 @@ class SessionClosed(Exception):
     """The socket went away while sending."""
 
 
-class Session(ListenHandling):
+class Session(ListenHandling, HelloHandling):
     """``socket`` is the device's transport (gateway/transport/base.py); ``datagrams`` is given when its
     audio travels as UDP datagrams (MQTT devices): the hello then says `transport: "udp"` with the
     `udp` object, and audio goes to it instead of binary messages. ``origin``: ``http(s)://host[:port]``
@@ -318,95 +316,8 @@ class Session(ListenHandling):
         else:
             log.debug("session %s: ignoring %s", self.session_id, type(event).__name__)
 
-    async def _on_hello(self, hello: Hello) -> None:
-        self.features = dict(hello.features or {})
-        agent = await self.turns.current_agent()  # its idle timeouts; the device's memory if it has it
-        if agent is None and not self._hello_done:
-            await self._restore_memory()
-        self._setup_echo()
-        params = AudioParams(
-            format="opus", sample_rate=self.turns.config.sample_rate, channels=1, frame_duration=60
-        )
-        start_mcp = not self._hello_done and bool(self.features.get("mcp")) and self._tg is not None
-        if start_mcp:
-            cfg = self.services.config.session
-            self.mcp = DeviceMcpClient(
-                self._send_mcp, timeout_s=cfg.mcp_timeout_s, vision=self._vision(agent)
-            )
-        if self.datagrams is None:
-            reply = ServerHello(session_id=self.session_id, audio_params=params)
-        else:
-            reply = ServerHello(session_id=self.session_id, audio_params=params, transport="udp",
-                                udp=self.datagrams.udp_params())  # fmt: skip
-        await self._send(reply)
-        self.idle.greeted()  # the idle deadlines replace the hello deadline
-        if start_mcp and self.mcp is not None and self._tg is not None:
-            # `initialize` only after our hello reply went out: clients set up MCP on that reply.
-            self._tg.create_task(self._guard(self.mcp.start, "mcp"))
-
-    def _vision(self, agent: ActiveAgent | None) -> VisionCapability:
-        """Where the device's camera sends photos: session.vision_url (a third-party endpoint: no token,
-        the device's credentials never travel there), else ours when the agent has a vision model, with
-        a token for this device (gateway/api/vision.py), else none."""
-        url = self.services.config.session.vision_url
-        vision = self.services.vision
-        if url or vision is None or agent is None or agent.activation is not None:
-            return VisionCapability(url=url, token="")
-        if not vision.enabled_for(agent.profile) or not self.info.device_id:
-            return VisionCapability()
-        return vision.capability(self.info.device_id, self.origin)
-
-    async def _read_agent(self) -> ActiveAgent:
-        """The device's agent now; only the hello's read waits for a store known to be down."""
-        agents = self.services.agents
-        assert agents is not None
-        wait, self._agent_waits = self._agent_waits, False
-        return await agents.for_device(self.info.device_id, wait=wait)
-
-    async def _on_agent(self, agent: ActiveAgent) -> None:
-        """The session's part of the device's agent: idle timeouts, the device's memory."""
-        profile = agent.profile
-        self.idle.set_limits(profile.idle_no_voice_s, profile.idle_hard_s)
-        if agent.memory and not self._memory_restored:
-            self._memory_restored = True
-            if not self.conversation.turns:  # never over this session's own talk
-                await self._restore_memory()
-
-    async def _restore_memory(self) -> None:
-        """The device's remembered talk into the history (`session.memory: local`, a Device-Id)."""
-        memory, device_id = self.services.memory, self.info.device_id
-        if memory is None or not device_id:
-            return
-        remembered = await memory.restore(device_id)
-        if not remembered.empty:
-            self.conversation.restore(remembered.summary, remembered.turns)
-            log.info("session %s: restored %d remembered exchanges", self.session_id, len(remembered.turns))
-
-    def _remember(self, user_text: str, assistant_text: str, agent: ActiveAgent | None) -> None:
-        if self.services.memory is not None and self.info.device_id:
-            limit = agent.profile.memory_summary_chars if agent is not None else None
-            self.services.memory.remember(
-                self.info.device_id, user_text, assistant_text, summary_max_chars=limit
-            )
-
-    def _setup_echo(self) -> None:
-        """Server-side AEC per `asr.aec`; `features.aec` is the device asking for it (protocol §3.1)."""
-        setting = self.services.config.asr.aec
-        wanted = setting == "on" or (setting == "auto" and bool(self.features.get("aec")))
-        if wanted and self.echo is None:
-            self.echo = EchoCanceller(EchoReference(), linear=self.services.config.asr.aec_double_talk)
-            echo = self.echo
-            self.listener.clean = lambda pcm, ts: echo.process(pcm, self._now_ms(), ts)
-
     def _now_ms(self) -> float:
         return (time.monotonic() - self._started) * 1000
-
-    def _observe_echo(self) -> None:
-        if self.echo is not None and self.echo.frames:
-            self.services.metrics.observe_aec(self.echo.stats())
-
-    async def _send_mcp(self, payload: dict[str, Any]) -> None:
-        await self._send(McpMessage(payload=payload))
 
     # ---- turns -------------------------------------------------------------
 
