@@ -46,9 +46,10 @@ from gateway.xiaozhi.udp import (
     open_payload,
     seal,
 )
-from scripts.device_sim import DeviceSimulator, LostFrames
 from scripts.device_sim_paho import PahoConnection
+from scripts.device_sim_turn import LostFrames
 from scripts.device_sim_udp import MIC_FRAMES_ON_LISTEN, SILENT_FRAME, Impairment, UdpProtocol
+from scripts.device_sim_ws import DeviceSimulator
 
 __all__ = ["SILENT_FRAME", "Impairment", "MqttDeviceSimulator", "SubscribingMqttDevice"]
 

@@ -23,7 +23,7 @@ import contextlib
 import ipaddress
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.device.session import Session
 from gateway.transport import mqtt_codec as mq
@@ -33,7 +33,29 @@ from gateway.transport.mqtt_session import MqttUdpTransport
 from gateway.xiaozhi import HandshakeInfo
 
 if TYPE_CHECKING:
-    from gateway.transport.mqtt import MqttGateway
+    from gateway.config import Config, MqttConfig
+    from gateway.services import Services
+    from gateway.transport.metrics import TransportMetrics
+    from gateway.transport.mqtt_credentials import MqttCredentials
+    from gateway.transport.udp import UdpAudioServer
+
+
+class ConnectionHost(Protocol):
+    """What a connection needs of the listener that accepted it (``MqttGateway``, gateway/transport/mqtt.py)."""
+
+    config: Config
+    cfg: MqttConfig
+    services: Services
+    credentials: MqttCredentials
+    metrics: TransportMetrics
+    udp: UdpAudioServer
+    closing: bool
+
+    def allowed(self, device_id: str | None) -> bool: ...
+
+    def claim(self, device_id: str, connection: MqttConnection) -> MqttConnection | None: ...
+
+    def release(self, device_id: str, connection: MqttConnection) -> None: ...
 
 log = logging.getLogger("gateway.transport.mqtt")
 
@@ -49,7 +71,7 @@ class _LiveSession:
 class MqttConnection:
     """One device's MQTT connection: authentication, its packets, its sessions one after another."""
 
-    def __init__(self, gateway: MqttGateway, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, gateway: ConnectionHost, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.gateway = gateway
         self.cfg = gateway.cfg
         self.reader, self.writer = reader, writer
