@@ -6,7 +6,7 @@ server involved) removes the echo: its own delay search, adaptive filter and
 residual-echo suppressor give 40+ dB of ERLE. It also suppresses the first
 100-150 ms of speech that starts over a loud reply (see speex.py), and, where
 there is little or no echo for its filter to converge on, whatever the
-microphone hears while we play (canceller.py: the echo ceiling).
+microphone hears while we play (guard.py: the echo ceiling).
 `aec-audio-processing` (another AEC3 binding) ships only an sdist that needs a
 C++ toolchain at install. Both libraries work in 10 ms frames at 16 kHz.
 """
