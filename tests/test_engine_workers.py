@@ -81,6 +81,17 @@ async def test_two_workers_serve_sixteen_sessions_and_api_clients() -> None:
     assert all(count >= 4 for count in served), served  # both workers took a share
 
 
+async def test_requests_one_at_a_time_take_the_idle_workers_in_turn() -> None:
+    # never two in flight: every pick is a tie between idle workers (it used to be the first one each time)
+    async with running_gateway(overrides()) as gw, httpx.AsyncClient(timeout=60) as client:
+        await started(client, gw)
+        before = [slot.link.counts["requests_total"] for slot in slots(gw)]
+        for i in range(8):
+            assert (await speech(client, gw.url, f"one at a time {i}")).status_code == 200
+        served = [slot.link.counts["requests_total"] - n for slot, n in zip(slots(gw), before, strict=True)]
+    assert served == [4, 4], served
+
+
 async def test_a_killed_worker_fails_only_its_sentences_and_comes_back() -> None:
     # 200 ms chunks that take 100 ms each: a 40-character sentence (3.2 s) is in flight for ~1.6 s
     llm = EchoLLM(prefix="", chinese_prefix="")

@@ -50,7 +50,8 @@ def _expected(mode: str) -> str:
 @pytest.mark.parametrize("mode", ["wetext", "basic", "off"])
 async def test_device_turn_and_api_get_normalised_text(mode: str, opened: list[str]) -> None:
     expected = _expected(mode)
-    overrides = {"tts": {"backend": "fake", "text_normalization": mode}}
+    # the audio cache off: the same sentence three times must reach the engine three times
+    overrides = {"tts": {"backend": "fake", "text_normalization": mode}, "cache": {"enabled": False}}
     async with running_gateway(overrides) as gw:
         assert gw.services.engine.text_normalization == mode
         sim = DeviceSimulator(gw.url)

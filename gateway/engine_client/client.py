@@ -62,6 +62,7 @@ class EngineClient(EngineProperties):
         self._added: dict[str, VoicePreset] = {}  # run-time voices, replayed to every (re)connected worker
         self._removed: set[str] = set()  # built-in voices removed at run time
         self._streams: dict[str, RemoteStream] = {}
+        self._tie_turn = 0  # which of the workers tied for the most free capacity takes the next request
         self._is_running = False
         self._is_closed = False
         self._counts = {"requests_total": 0, "requests_rejected": 0, "requests_failed": 0}
@@ -240,7 +241,10 @@ class EngineClient(EngineProperties):
             self._counts["requests_rejected"] += 1
             states = ", ".join(f"{slot.address}: {slot.state}" for slot in self.slots)
             raise EngineUnavailable(f"no engine worker is ready ({states})")
-        return max(links, key=lambda link: link.free())
+        most = max(link.free() for link in links)
+        tied = [link for link in links if link.free() == most]
+        self._tie_turn += 1  # ties (idle workers) in turn, so requests that never overlap still spread
+        return tied[self._tie_turn % len(tied)]
 
     def _stream_done(self, stream: SynthesisStream) -> None:
         self._streams.pop(stream.req_id, None)
