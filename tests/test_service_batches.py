@@ -139,13 +139,17 @@ async def test_cancel_stops_the_work_within_a_step(store_url: str, tmp_path: Pat
         lines = [{"custom_id": f"c{i}", "input": f"a sentence that takes a while, number {i}"} for i in range(40)]
         job = (await client.post(f"{gw.url}/v1/audio/batches", content=jsonl(lines))).json()["id"]
         await wait_for(client, f"{gw.url}/v1/audio/batches/{job}", lambda j: j["request_counts"]["completed"] >= 2, 60)
-        assert backend.num_streams_opened > backend.num_streams_closed  # items are being synthesised
+        async with asyncio.timeout(10):  # items are being synthesised (not between two of them)
+            while backend.num_streams_opened <= backend.num_streams_closed:
+                await asyncio.sleep(0.005)
         cancelled = (await client.post(f"{gw.url}/v1/audio/batches/{job}/cancel")).json()
+        steps_at_cancel = gw.services.engine.stats["steps_total"]
         stopped_at = time.monotonic()
         while backend.num_streams_opened > backend.num_streams_closed:
-            # one step (4 x 0.1 s) and 0.2 s for a loaded machine
-            assert time.monotonic() - stopped_at < 0.6, "a stream still runs a step after the cancel"
+            assert time.monotonic() - stopped_at < 10, "streams still run 10 s after the cancel"
             await asyncio.sleep(0.01)
+        # the step under way when the cancel came, and at most the next one (engine steps, not wall time)
+        assert gw.services.engine.stats["steps_total"] - steps_at_cancel <= 2
         opened = backend.num_streams_opened
         await asyncio.sleep(0.5)
         final = (await client.get(f"{gw.url}/v1/audio/batches/{job}")).json()
