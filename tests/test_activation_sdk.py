@@ -69,7 +69,7 @@ class ActivatingSdk:
     async def activated(self, answer_part: str) -> None:
         """Waits for its own polling to see 200, its reconnect, and an answer holding `answer_part`."""
         assert self.client.ota_task is not None
-        async with asyncio.timeout(40):  # the SDK polls every 3 s, then reconnects and says "hi"
+        async with asyncio.timeout(90):  # the SDK polls every 3 s, then reconnects and says "hi" (a loaded CI)
             await self.client.ota_task
             while answer_part not in self.spoken():
                 await asyncio.sleep(0.05)
