@@ -101,7 +101,11 @@ class BatchRunner:
         self._on_outcome = on_outcome or (lambda outcome: None)
         self.id = f"{os.getpid()}-{secrets.token_hex(6)}"
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._items: dict[tuple[str, int], ItemRow] = {}  # the item of each task in _tasks
         self._stopping: set[str] = set()  # jobs whose items are being cancelled
+        # jobs cancelled while this runner runs: an item claimed just before the cancel committed, whose
+        # task starts after stop_job() looked, is recorded cancelled instead of being synthesised
+        self._cancelled: set[str] = set()
         self._wake = asyncio.Event()
         self._main: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
@@ -146,13 +150,19 @@ class BatchRunner:
 
     async def stop_job(self, job_id: str) -> None:
         """The job was cancelled: its items' engine streams are aborted now; returns once their tasks ended."""
-        tasks = [task for (job, _), task in self._tasks.items() if job == job_id]
-        if not tasks:
+        self._cancelled.add(job_id)
+        mine = [(key, task) for key, task in self._tasks.items() if key[0] == job_id]
+        if not mine:
             return
+        items = [self._items[key] for key, _ in mine if key in self._items]
         self._stopping.add(job_id)
-        for task in tasks:
+        for _, task in mine:
             task.cancel()
-        await asyncio.wait(tasks, timeout=STOP_WAIT_S)
+        await asyncio.wait([task for _, task in mine], timeout=STOP_WAIT_S)
+        # A task cancelled before it first ran never reached its own handler: its item is still this
+        # runner's and running. finish() writes only such items, so the others are left as they ended.
+        for item in items:
+            await self._finish(item, "cancelled", error="the job was cancelled")
 
     # ---- the loops -------------------------------------------------------------------
 
@@ -176,6 +186,7 @@ class BatchRunner:
                     key = (item.job_id, item.idx)
                     task = asyncio.create_task(self._item(item), name=f"batch item {item.job_id}/{item.idx}")
                     self._tasks[key] = task
+                    self._items[key] = item
                     task.add_done_callback(self._on_end(key))
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.cfg.scan_s):
@@ -186,6 +197,7 @@ class BatchRunner:
 
     def _ended(self, key: tuple[str, int]) -> None:
         self._tasks.pop(key, None)
+        self._items.pop(key, None)
         if not any(job == key[0] for job, _ in self._tasks):
             self._stopping.discard(key[0])
         self._wake.set()
@@ -205,6 +217,9 @@ class BatchRunner:
     # ---- one item --------------------------------------------------------------------
 
     async def _item(self, item: ItemRow) -> None:
+        if item.job_id in self._cancelled:  # claimed in the same moment as the cancel
+            await self._finish(item, "cancelled", error="the job was cancelled")
+            return
         request = item.request
         fmt = request["response_format"]
         job_folder = self.folder / item.job_id
