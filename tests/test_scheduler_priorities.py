@@ -121,6 +121,11 @@ def test_lanes_hold_comfortable_work_and_batch_while_a_listener_waits_for_first_
     clock.now += 2.0  # a step of 2 s: 'comfortable' now means 4 such steps of audio
     scheduler.update_from_output(plan, [None] * plan.num_scheduled)
     assert scheduler.comfortable_s == pytest.approx(8.0)
+    assert scheduler.critical_s == pytest.approx(2.0)  # a lead under one such step cannot wait for the urgent work
+    plan = scheduler.schedule()
+    lanes = dict(zip(ids(plan.scheduled), plan.budget.lanes or (), strict=True))
+    assert lanes["ahead"] == Lane.SHORT and lanes["playing"] == Lane.URGENT  # 5 s: short of 8 s, over 2 s
+    scheduler.requests["ahead"].credit.samples_consumed += int(3.5 * 16000)  # 1.5 s left: under one step
     plan = scheduler.schedule()
     assert dict(zip(ids(plan.scheduled), plan.budget.lanes or (), strict=True))["ahead"] == Lane.URGENT
 

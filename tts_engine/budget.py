@@ -8,7 +8,8 @@ budget it is given and keeps no admission counter of its own.
 ``StepBudget.lanes`` says, per stream of the step, when its flow + vocoder work may run (``Lane``): the
 scheduler sets it from each stream's playback slack and class; a backend that splits a step's audio
 work (CosyVoice, tts_engine/backends/cosyvoice/step.py) runs the urgent lane first and hands its audio
-out before the rest, and leaves the held work for a later step.
+out before the rest (the short lane next, then the comfortable one), and leaves the held work for a
+later step.
 """
 
 from __future__ import annotations
@@ -21,15 +22,18 @@ class Lane(IntEnum):
     """When a stream's flow + vocoder work runs in a step (streams without a lane: ``URGENT``)."""
 
     URGENT = 0
-    """Its listener waits for audio (first audio, or a short playback lead): its hops run first and their
-    audio is handed out before any other hop of the step runs."""
-    COMFORTABLE = 1
+    """Its listener waits for audio (first audio, or a playback lead shorter than a step may take): its
+    hops run first and their audio is handed out before any other hop of the step runs."""
+    SHORT = 1
+    """A short playback lead, but longer than a step may take: its hops and closing pass run right after
+    the urgent audio is out, in the same step, whoever waits."""
+    COMFORTABLE = 2
     """A comfortable playback lead: its first hop runs with the urgent ones; its later hops and its
     closing pass run after their audio is out, in the same step."""
-    DEFERRED = 2
+    DEFERRED = 3
     """A comfortable lead while another listener waits for first audio: as COMFORTABLE, but its later
     hops and closing pass wait for a later step (they run once its lead is short, or nobody waits)."""
-    BACKGROUND = 3
+    BACKGROUND = 4
     """A batch stream while a listener waits for first audio: none of its hops run this step."""
 
 

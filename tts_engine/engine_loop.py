@@ -5,7 +5,8 @@ on the inbox when the scheduler has no work, applies inbox commands, runs one st
 resume batch streams -> backend within the plan's budget -> drain aborts -> update -> batched
 post-processing -> delivery) and has the one way out (``_finish_requests``). A backend that
 ``splits_steps`` hands the audio of a step's urgent lane out mid-step (``on_chunks``): it is
-post-processed and delivered at once, before the rest of the step's work runs. Its public methods (``submit``, ``abort``, ``resume``, ``call``,
+post-processed and delivered at once, before the rest of the step's work runs; and it leaves that rest
+for the next step when a new request has arrived meanwhile (``should_yield``). Its public methods (``submit``, ``abort``, ``resume``, ``call``,
 ``shutdown``) may be called from any thread: they only put a command in the inbox (its commands:
 tts_engine/engine_inbox.py). Results reach the
 event loop only through ``loop.call_soon_threadsafe``: chunks and ends go to each request's
@@ -94,6 +95,10 @@ class EngineLoop:
         # when the step under way began (time.monotonic()); None between steps. Read from the loop: a
         # step that runs far longer than any should is a stuck engine (the worker's watchdog, issue 23)
         self.step_started: float | None = None
+        # set by submit (any thread) once a new request is in the inbox; cleared when the inbox is read. A
+        # backend that splits its steps ends a step early on it (after the step's urgent audio), so a
+        # newcomer's first audio does not wait for work that can wait
+        self._arrivals = threading.Event()
 
     # -- any thread ----------------------------------------------------------------------------------
 
@@ -125,6 +130,7 @@ class EngineLoop:
         """Hand several requests over as one command: the step that admits one admits them all."""
         if requests:
             self._inbox.put(NewRequests(tuple(requests)))
+            self._arrivals.set()
 
     def abort(self, req_id: str) -> None:
         self._inbox.put(Abort(req_id))
@@ -175,6 +181,7 @@ class EngineLoop:
 
     def _process_inbox(self, *, block: bool, timeout: float | None = None) -> None:
         """Apply every command in the inbox, first waiting for one (at most ``timeout`` s) if ``block``."""
+        self._arrivals.clear()
         try:
             command = self._inbox.get(timeout=timeout) if block else self._inbox.get_nowait()
         except queue.Empty:
@@ -249,7 +256,12 @@ class EngineLoop:
             if self.scheduler.limits.splits_steps:
                 splitter = cast(SplitStepper, self._backend)  # its limits say so
                 outputs: list[Any] = list(
-                    splitter.step(streams, budget, on_chunks=lambda items: self._deliver_early(plan, items))
+                    splitter.step(
+                        streams,
+                        budget,
+                        on_chunks=lambda items: self._deliver_early(plan, items),
+                        should_yield=self._arrivals.is_set,
+                    )
                 )
             elif budget.is_capped:
                 outputs = list(self._backend.step(streams, budget))

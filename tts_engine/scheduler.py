@@ -34,9 +34,12 @@ batch cap here, and the step budget's row caps, which the backend serves in the 
 whose consumer holds ``max_buffered_chunks`` unread chunks is not runnable (backpressure) but keeps its
 capacity.
 
-Lanes (for a backend that ``splits_steps``): a stream whose slack is under ``comfortable_s`` (below) is
-``URGENT``: its audio work runs first in the step and is handed out before the rest runs. A stream with
-more slack is ``COMFORTABLE``: its later hops and closing pass run after the urgent audio is out; while
+Lanes (for a backend that ``splits_steps``): a stream whose slack is under ``critical_s`` (the longest
+of the last ``STEP_WINDOW`` steps, at least ``MIN_CRITICAL_S``) is ``URGENT``: its audio work runs first
+in the step, with every opening hop, and is handed out before the rest runs. One under ``comfortable_s``
+(below) is ``SHORT``: its work runs right after that audio is out, in the same step (so a newcomer's
+first audio does not wait for it, and it never waits more than a step). A stream with more slack is
+``COMFORTABLE``: its later hops and closing pass run after the urgent audio is out; while
 some device or interactive listener waits for its first audio, such work waits for a later step
 (``DEFERRED``) and batch streams do no audio work at all (``BACKGROUND``), so first audio never waits
 behind work that could wait. ``comfortable_s`` is ``COMFORT_STEPS`` times the longest of the last
@@ -62,6 +65,8 @@ logger = logging.getLogger(__name__)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 MIN_COMFORT_S = 0.6  # a playback lead below this is always short: its stream's work is urgent
 COMFORT_STEPS = 4.0  # ... and so is one below this many of the longest recent steps
+MIN_CRITICAL_S = 0.2  # a playback lead below this is critical: its work runs with the first audio of a step
+CRITICAL_STEPS = 1.0  # ... and so is one below this many of the longest recent steps
 STEP_WINDOW = 32  # steps whose durations set that measure
 
 
@@ -181,6 +186,12 @@ class Scheduler:
         longest = max(self._step_seconds, default=0.0)
         return max(MIN_COMFORT_S, COMFORT_STEPS * longest)
 
+    @property
+    def critical_s(self) -> float:
+        """The playback lead below which a stream's work cannot wait for the rest of a step's urgent work."""
+        longest = max(self._step_seconds, default=0.0)
+        return min(self.comfortable_s, max(MIN_CRITICAL_S, CRITICAL_STEPS * longest))
+
     def _ahead(self, request: EngineRequest) -> float:
         """The listener's playback credit, a value set by the loop and decayed at real time."""
         return request.credit.ahead_at(self._clock())
@@ -274,14 +285,16 @@ class Scheduler:
         return plan
 
     def _with_lanes(self, scheduled: list[EngineRequest], slack: dict[int, float]) -> StepBudget:
-        comfortable = self.comfortable_s
+        comfortable, critical = self.comfortable_s, self.critical_s
         waits_first = any(not r.is_batch and r.num_chunks == 0 for r in scheduled)
         lanes = []
         for request in scheduled:
             if request.is_batch:
                 lane = Lane.BACKGROUND if waits_first else Lane.COMFORTABLE
-            elif slack[id(request)] < comfortable:
+            elif slack[id(request)] < critical:
                 lane = Lane.URGENT
+            elif slack[id(request)] < comfortable:
+                lane = Lane.SHORT
             else:
                 lane = Lane.DEFERRED if waits_first else Lane.COMFORTABLE
             lanes.append(lane)

@@ -49,8 +49,17 @@ class SplitStepper(Protocol):
     """The ``step()`` of a backend whose limits say ``splits_steps``."""
 
     def step(
-        self, streams: list[BackendStream], budget: StepBudget, *, on_chunks: ChunkSink
-    ) -> list[np.ndarray | None | BaseException]: ...
+        self,
+        streams: list[BackendStream],
+        budget: StepBudget,
+        *,
+        on_chunks: ChunkSink,
+        should_yield: Callable[[], bool] | None = None,
+    ) -> list[np.ndarray | None | BaseException]:
+        """One step: the urgent lane's audio goes to ``on_chunks`` before the rest runs; once that audio
+        is out, a true ``should_yield()`` (a new request arrived) leaves the work that can wait for the
+        next step."""
+        ...
 
 
 class BackendStream(ABC):

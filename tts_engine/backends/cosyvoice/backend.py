@@ -324,6 +324,9 @@ class CosyVoiceBackend(Backend):
             "hops_held": stepper.num_hops_held,
             "closing_pauses": stepper.num_closing_pauses,
             "llm_rows_held": stepper.num_llm_held,
+            "decode_bursts": stepper.num_burst_decodes,
+            "decode_burst_rows": stepper.num_burst_rows,
+            "steps_yielded": stepper.num_yields,
             "prefills_deferred": stepper.num_prefills_deferred,
             "decode_graphs": getattr(self.runner, "num_graphs", 0),
             "llm_seconds_total": stepper.seconds["llm"],
@@ -369,12 +372,14 @@ class CosyVoiceBackend(Backend):
         streams: Sequence[Any],
         budget: StepBudget | None = None,
         on_chunks: Callable[[list[tuple[int, Any]]], None] | None = None,
+        should_yield: Callable[[], bool] | None = None,
     ) -> list[np.ndarray | None | BaseException]:
         """One step within ``budget`` (None: the declared limits', for callers without a scheduler);
-        ``on_chunks`` gets the urgent lane's audio mid-step (step.py), by index in ``streams``."""
+        ``on_chunks`` gets the urgent lane's audio mid-step (step.py), by index in ``streams``; a true
+        ``should_yield()`` after it leaves the work that can wait for the next step."""
         if budget is None:
             budget = self._limits.step_budget()
-        return self.stepper.step_streams(self, streams, budget, on_chunks)
+        return self.stepper.step_streams(self, streams, budget, on_chunks, should_yield)
 
     def close(self) -> None:
         self._voices.clear()

@@ -104,6 +104,14 @@ class CosyVoiceStream(BackendStream):
             return None
         return self.segments[self._current].wave.next_job()
 
+    @property
+    def awaits_opening(self) -> bool:
+        """Its current segment has had no token2wav call yet: its next audio is an opening hop."""
+        self._skip_done()
+        if self.closed or self._current >= len(self.segments):
+            return False
+        return self.segments[self._current].wave.token_offset == 0
+
     def take(self, chunk: torch.Tensor | None) -> torch.Tensor | np.ndarray | None:
         """This step's result for the engine: audio (maybe empty), or None once everything was played."""
         self._skip_done()

@@ -44,15 +44,23 @@ Errors = dict[int, BaseException]  # id(stream) -> what failed it
 Chunks = dict[int, torch.Tensor]  # id(stream) -> its new audio
 Emit = Callable[[Chunks], bool]  # hands audio out mid-step; False: it could not (keep it for the end)
 STEP_ORDERS = ("slack", "together")
+DECODE_BURST = 32  # extra decode iterations a step may run for streams whose audio is due (_decode_burst)
 CLOSING_SLICE = 2  # Euler steps per engine step of an exact closing call whose stream has a comfortable lead
 HOP_KINDS = ("opening", "hop", "closing")  # a segment's first hop; a later hop; its closing call
 _NO_AUDIO = np.zeros(0, dtype=np.float32)
 
 
+def _opens(stream: CosyVoiceStream, lane: Lane) -> bool:
+    """Its next audio is an opening hop that may run this step (not a batch stream held back)."""
+    return lane != Lane.BACKGROUND and stream.awaits_opening
+
+
 class BatchedStep:
     """Runs steps for the cosyvoice backend; ``runner`` is an ``LLMRunner`` (or a drop-in one)."""
 
-    def __init__(self, runner: Any, token2wav: Token2Wav, *, order: str = "slack") -> None:
+    def __init__(
+        self, runner: Any, token2wav: Token2Wav, *, order: str = "slack", decode_burst: int = DECODE_BURST
+    ) -> None:
         if order not in STEP_ORDERS:
             raise ValueError(f"step order must be one of {', '.join(STEP_ORDERS)}, got {order!r}")
         self.runner = runner
@@ -66,6 +74,10 @@ class BatchedStep:
         self.closings: dict[int, tuple[CosyVoiceStream, PendingClosing]] = {}
         self.num_closing_pauses = 0  # slices after which an exact closing call waited for a later step
         self.num_llm_held = 0  # LLM rows that waited a step (held streams that have their next hop's tokens)
+        self.decode_burst = decode_burst
+        self.num_burst_decodes = 0  # extra decode iterations run by _decode_burst
+        self.num_burst_rows = 0  # ... and their rows
+        self.num_yields = 0  # steps ended after their urgent audio for a request that arrived meanwhile
 
     def run(
         self,
@@ -73,27 +85,24 @@ class BatchedStep:
         errors: Errors,
         budget: StepBudget,
         emit: Emit | None = None,
+        should_yield: Callable[[], bool] | None = None,
     ) -> Chunks:
         """Advance ``streams`` (in rank order, each with its lane) by one step within ``budget``; each
-        stream's new audio by id (the audio ``emit`` handed out mid-step is not in it)."""
+        stream's new audio by id (the audio ``emit`` handed out mid-step is not in it). Once the urgent
+        audio is out, a true ``should_yield()`` (a request arrived meanwhile) ends the step there: the
+        short and comfortable lanes' work waits for the next step, which starts with the newcomer's
+        prefill and opening hop (a short lane stays safe: its lead is longer than the longest recent
+        step, or it would be urgent)."""
         for key, (stream, _) in list(self.closings.items()):
             if stream.closed:
                 del self.closings[key]  # finished, failed or aborted meanwhile
         started = time.perf_counter()
         self._llm_step(streams, errors, budget.prefill_rows)
+        bursts = self.order == "slack" and budget.lanes is not None  # lanes: a scheduler ranks the streams
+        if bursts:  # tokens for every waiting opening hop and every critical stream
+            self._decode_burst([s for s, lane in streams if lane == Lane.URGENT or _opens(s, lane)], errors)
         self.seconds["llm"] += time.perf_counter() - started
-        ready: list[tuple[CosyVoiceStream, Lane, HopJob]] = []
-        for stream, lane in streams:
-            if id(stream) in errors:
-                continue
-            try:
-                stream.feed_tokens()
-                job = stream.next_job()
-            except Exception as exc:  # noqa: BLE001 - fails this request only
-                errors[id(stream)] = exc
-                continue
-            if job is not None:
-                ready.append((stream, lane, job))
+        ready = self._ready(streams, errors)
         if self.order == "together":
             jobs, deferred = StepBudget.take([(stream, job) for stream, _, job in ready], budget.hop_rows)
             self.num_hops_deferred += deferred
@@ -106,15 +115,65 @@ class BatchedStep:
                 self.num_hops_held += 1
             elif lane == Lane.URGENT or opening:
                 first.append((stream, job))
-            else:
+            elif lane != Lane.SHORT:
                 second.append((stream, job))
-        jobs, deferred = StepBudget.take(first + second, budget.hop_rows)
-        self.num_hops_deferred += deferred
-        first, second = jobs[: len(first)], jobs[len(first) :]
+        rows = budget.hop_rows
+        ran = {id(stream) for stream, _ in first}  # one call a stream a step
+        first, rows = self._take(first, rows)
         chunks = self._wave_group(first, errors, urgent=True)
-        if chunks and emit is not None and emit(chunks):
-            chunks = {}  # handed out before the second group runs
+        chunks = self._emit(chunks, emit)
+        if should_yield is not None and should_yield():
+            self.num_yields += 1
+            return chunks
+        # the short lane, once the urgent audio is out: its tokens (a burst where its next hop lacks
+        # them), then its hops and closing calls, whole
+        started = time.perf_counter()
+        short_lane = [s for s, lane in streams if lane == Lane.SHORT and id(s) not in errors and id(s) not in ran]
+        if bursts:
+            self._decode_burst(short_lane, errors)
+        self.seconds["llm"] += time.perf_counter() - started
+        short = [(stream, job) for stream, _, job in self._ready([(s, Lane.SHORT) for s in short_lane], errors)]
+        short, rows = self._take(short, rows)
+        chunks.update(self._wave_group(short, errors, urgent=True))
+        chunks = self._emit(chunks, emit)
+        if second and should_yield is not None and should_yield():
+            self.num_yields += 1
+            return chunks
+        second, rows = self._take(second, rows)
         chunks.update(self._wave_group(second, errors, urgent=False))
+        return chunks
+
+    def _ready(
+        self, streams: Sequence[tuple[CosyVoiceStream, Lane]], errors: Errors
+    ) -> list[tuple[CosyVoiceStream, Lane, HopJob]]:
+        """The streams whose next token2wav call can run now, with it (their new tokens handed over)."""
+        ready: list[tuple[CosyVoiceStream, Lane, HopJob]] = []
+        for stream, lane in streams:
+            if id(stream) in errors:
+                continue
+            try:
+                stream.feed_tokens()
+                job = stream.next_job()
+            except Exception as exc:  # noqa: BLE001 - fails this request only
+                errors[id(stream)] = exc
+                continue
+            if job is not None:
+                ready.append((stream, lane, job))
+        return ready
+
+    def _take(
+        self, jobs: list[tuple[CosyVoiceStream, HopJob]], rows: int | None
+    ) -> tuple[list[tuple[CosyVoiceStream, HopJob]], int | None]:
+        """The first of ``jobs`` that fit the step's remaining hop rows, and the rows left after them."""
+        taken, deferred = StepBudget.take(jobs, rows)
+        self.num_hops_deferred += deferred
+        return taken, None if rows is None else rows - len(taken)
+
+    @staticmethod
+    def _emit(chunks: Chunks, emit: Emit | None) -> Chunks:
+        """Hand ``chunks`` out now if there is a way to (what is left to return at the step's end)."""
+        if chunks and emit is not None and emit(chunks):
+            return {}
         return chunks
 
     def step_streams(
@@ -123,10 +182,12 @@ class BatchedStep:
         streams: Sequence[Any],
         budget: StepBudget,
         on_chunks: Callable[[list[tuple[int, Any]]], None] | None = None,
+        should_yield: Callable[[], bool] | None = None,
     ) -> list[np.ndarray | None | BaseException]:
         """The backend's ``step()``: ``owner``'s open, unparked streams run one step in their lanes (any
         other is failed alone), each given its audio, ``None`` at its end, or its error, in order;
-        ``on_chunks`` gets the urgent lane's audio mid-step, by index in ``streams``."""
+        ``on_chunks`` gets the urgent lane's audio mid-step, by index in ``streams``; ``should_yield``:
+        see ``run``."""
         errors: dict[int, BaseException] = {}
         mine: list[tuple[CosyVoiceStream, Lane]] = []
         for index, stream in enumerate(streams):
@@ -147,7 +208,7 @@ class BatchedStep:
                 on_chunks([(index_of[key], chunk.detach()) for key, chunk in chunks.items()])
                 return True
 
-        chunks = self.run(mine, errors, budget, emit)
+        chunks = self.run(mine, errors, budget, emit, should_yield)
         results: list[np.ndarray | None | BaseException] = []
         for stream in streams:
             error = errors.get(id(stream))
@@ -162,11 +223,15 @@ class BatchedStep:
                     results.append(exc)
         return results
 
-    def _wave_group(self, jobs: list[tuple[CosyVoiceStream, HopJob]], errors: Errors, *, urgent: bool) -> Chunks:
+    def _wave_group(
+        self, jobs: list[tuple[CosyVoiceStream, HopJob]], errors: Errors, *, urgent: bool
+    ) -> Chunks:
         """One group of the slack order: its hops in one batch; each exact closing call on its own, whole
         when ``urgent``, else ``CLOSING_SLICE`` Euler steps a step (its audio once the last one ran)."""
         closing = [(stream, job) for stream, job in jobs if job.finalize and not job.streaming]
-        chunks = self._wave_step([(stream, job) for stream, job in jobs if not job.finalize or job.streaming], errors)
+        chunks = self._wave_step(
+            [(stream, job) for stream, job in jobs if not job.finalize or job.streaming], errors
+        )
         for stream, job in closing:
             chunk = self._closing_slice(stream, job, errors, None if urgent else CLOSING_SLICE)
             if chunk is not None:
@@ -222,6 +287,33 @@ class BatchedStep:
         self.num_prefills_deferred += deferred
         self._run_llm(self.runner.prefill, prefill, errors)
 
+    def _decode_burst(self, candidates: Sequence[CosyVoiceStream], errors: Errors) -> None:
+        """More decode iterations in this step for ``candidates`` whose next hop still lacks tokens (a
+        batch of the rows still short per iteration, at most ``decode_burst`` iterations). One token a
+        step is too slow when a step also runs other streams' flow work (a 50-80 ms hop against a 1.4 ms
+        decode on the tiny CPU model): a newcomer's 28 opening tokens would take 28 such steps, and a
+        playing stream falls behind real time. Sampling is per request (its own generator): the same
+        tokens whenever they are drawn."""
+        for _ in range(self.decode_burst if candidates else 0):
+            rows: list[tuple[CosyVoiceStream, LLMRequest]] = []
+            for stream in candidates:
+                request = stream.llm_request()
+                if id(stream) in errors or request is None or request.slot is None:
+                    continue
+                try:
+                    stream.feed_tokens()
+                    short_of_tokens = stream.next_job() is None
+                except Exception as exc:  # noqa: BLE001 - fails this request only
+                    errors[id(stream)] = exc
+                    continue
+                if short_of_tokens:
+                    rows.append((stream, request))
+            if not rows:
+                return
+            self._run_llm(self.runner.decode_step, rows, errors)
+            self.num_burst_decodes += 1
+            self.num_burst_rows += len(rows)
+
     def _run_llm(
         self,
         call: Callable[[list[LLMRequest]], Any],
@@ -272,7 +364,9 @@ class BatchedStep:
         for _, job in jobs:
             kind = "closing" if job.finalize else "opening" if job.token_offset == 0 else "hop"
             prompt = int(job.stream.prompt.prompt_token.shape[0])
-            weights[kind] += prompt + job.num_tokens if not job.streaming else job.num_tokens - job.token_offset
+            weights[kind] += (
+                prompt + job.num_tokens if not job.streaming else job.num_tokens - job.token_offset
+            )
         total = sum(weights.values()) or 1.0
         for kind, weight in weights.items():
             self.seconds[kind] += seconds * weight / total

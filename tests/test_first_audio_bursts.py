@@ -1,0 +1,115 @@
+"""First audio under load (tiny CosyVoice model; issue 25): a newcomer's opening tokens come in a decode
+burst, not one a step, and a step that a new request arrives in leaves its short-lane work for the next.
+
+Steps are counted, not seconds (``EngineRequest.arrival_step`` / ``first_chunk_step``), so the tests hold
+on any machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from cosyvoice.model import CosyVoice3
+from gateway.voices.store import VoiceStore
+from scripts.make_tiny_model import make_model_dir
+from tests.test_backend_cosyvoice import prompt_wav
+from tts_engine import TTSEngine
+from tts_engine.backends.cosyvoice import CosyVoiceBackend
+from tts_engine.budget import Lane, StepBudget
+from tts_engine.request import EngineRequest
+
+PLAYING = ("我们可以一起去公园散步，顺便看看湖边新开的花。", "The station is about twenty minutes from here.")
+NEWCOMER = "你好，我在这里。"
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> CosyVoice3:
+    model_dir = make_model_dir(tmp_path_factory.mktemp("cosyvoice") / "model", "tiny", seed=0)
+    return CosyVoice3.from_pretrained(model_dir, max_seconds=60)
+
+
+@pytest.fixture(scope="module")
+def voices(tmp_path_factory: pytest.TempPathFactory) -> VoiceStore:
+    store = VoiceStore(tmp_path_factory.mktemp("voices"))
+    store.add("default", prompt_wav(2.0), "希望你以后能够做的比我还好呦。")
+    return store
+
+
+def make_backend(model: CosyVoice3, voices: VoiceStore, burst: int) -> CosyVoiceBackend:
+    backend = CosyVoiceBackend(
+        model=model, seed=3, max_batch_size=4, max_llm_len=512, voice_cache_dir=voices.cache_dir,
+        fixed_llm_tokens=120,
+    )  # fmt: skip
+    backend.stepper.decode_burst = burst
+    for preset in voices.presets():
+        backend.add_voice(preset)
+    return backend
+
+
+async def read_all(stream) -> np.ndarray:
+    async with asyncio.timeout(120):
+        return np.concatenate([chunk async for chunk in stream])
+
+
+async def newcomer_steps(model: CosyVoice3, voices: VoiceStore, burst: int) -> tuple[int, np.ndarray, dict]:
+    """Engine steps from a newcomer's arrival to its first chunk while two replies are mid-way."""
+    engine = TTSEngine(make_backend(model, voices, burst), max_buffered_chunks=2, max_queue_wait_s=None)
+    scheduler = engine._engine.scheduler
+    seen: list[EngineRequest] = []
+    add = scheduler.add_request
+    scheduler.add_request = lambda r: (seen.append(r), add(r))[-1]  # type: ignore[method-assign]
+    await engine.start()
+    try:
+        playing = [engine.synthesize(t, output_rate=16000, priority="device") for t in PLAYING]
+        readers = [asyncio.create_task(read_all(s)) for s in playing]
+        async with asyncio.timeout(60):  # both mid-reply: audio out, LLM still running
+            while engine.stats["chunks_total"] < 2 * len(PLAYING):
+                await asyncio.sleep(0.005)
+        audio = await read_all(engine.synthesize(NEWCOMER, output_rate=16000, priority="device"))
+        await asyncio.gather(*readers)
+        stats = engine.stats
+    finally:
+        await engine.close()
+    request = next(r for r in seen if r.text == NEWCOMER)
+    assert request.first_chunk_step is not None
+    return request.first_chunk_step - request.arrival_step, audio, stats
+
+
+async def test_a_newcomers_opening_tokens_come_in_a_burst_not_one_a_step(
+    model: CosyVoice3, voices: VoiceStore
+) -> None:
+    one_a_step, audio_before, _ = await newcomer_steps(model, voices, burst=0)
+    bursts, audio_after, stats = await newcomer_steps(model, voices, burst=32)
+    assert one_a_step >= 20  # 25 tokens + 3 of look-ahead, one a step, before its first hop could run
+    assert bursts <= 2  # admitted, prefilled, its tokens and its opening hop: the step under way at most
+    assert stats["decode_bursts"] > 0
+    assert audio_after.size == audio_before.size > 0
+    assert np.abs(audio_after.astype(np.int32) - audio_before.astype(np.int32)).max() <= 8  # float rounding
+
+
+def test_a_step_asked_to_yield_leaves_the_short_lane_for_the_next_step(
+    model: CosyVoice3, voices: VoiceStore
+) -> None:
+    backend = make_backend(model, voices, burst=32)
+    playing, newcomer = (backend.open_stream(t, "default", 1.0) for t in (PLAYING[0], NEWCOMER))
+    urgent = StepBudget(lanes=(Lane.URGENT,))
+    while not (out := backend.step([playing], urgent))[0].size:  # its opening hop
+        pass
+    for _ in range(200):  # until its next hop's tokens are there
+        playing.feed_tokens()
+        if playing.next_job() is not None:
+            break
+        backend.step([playing], StepBudget(lanes=(Lane.COMFORTABLE,)))
+    assert playing.next_job() is not None
+    early: list[int] = []
+    lanes = StepBudget(lanes=(Lane.SHORT, Lane.URGENT))
+    out = backend.step([playing, newcomer], lanes, lambda items: early.extend(i for i, _ in items), lambda: True)
+    assert 1 in early and out[0].size == 0  # the newcomer's audio went out; the short hop waited
+    assert backend.step_stats()["steps_yielded"] == 1 and playing.next_job() is not None
+    out = backend.step([playing, newcomer], lanes, lambda items: early.extend(i for i, _ in items), lambda: False)
+    assert 0 in early  # the next step ran it, in the short lane, right after the urgent audio
+    for stream in (playing, newcomer):
+        stream.close()
