@@ -141,3 +141,40 @@ def test_an_unknown_priority_is_refused(bad: object) -> None:
     with pytest.raises(ValueError, match="priority must be one of device, interactive, batch"):
         check_priority(bad)
     assert check_priority("batch") == "batch"
+
+
+class _Stream:
+    """A stand-in backend stream that says whether it still needs its unit of capacity."""
+
+    def __init__(self) -> None:
+        self.holds_capacity = True
+
+
+def test_a_stream_that_needs_its_capacity_no_more_lets_a_waiting_request_in() -> None:
+    scheduler, _ = scheduler_for(2)
+    for name in ("a", "b", "c"):
+        scheduler.add_request(request(name))
+    plan = scheduler.schedule()
+    assert ids(plan.new_requests) == ["a", "b"] and ids(scheduler.waiting) == ["c"]
+    streams = {}
+    for admitted in plan.new_requests:
+        admitted.backend_stream = streams.setdefault(admitted.req_id, _Stream())  # type: ignore[assignment]
+    assert ids(scheduler.schedule().new_requests) == []  # both hold theirs: c waits
+    streams["a"].holds_capacity = False  # e.g. its LLM finished: its remaining hops need no KV slot
+    plan = scheduler.schedule()
+    assert ids(plan.new_requests) == ["c"] and len(scheduler.running) == 3
+    assert scheduler.stats["capacity_free"] == 0 and scheduler.stats["running_past_capacity"] == 1
+
+
+def test_running_requests_stay_under_a_multiple_of_the_capacity() -> None:
+    from tts_engine.scheduler import RUNNING_PER_UNIT
+
+    scheduler, _ = scheduler_for(1)
+    for k in range(RUNNING_PER_UNIT + 2):
+        scheduler.add_request(request(f"r{k}"))
+    for _ in range(RUNNING_PER_UNIT + 2):
+        for admitted in scheduler.schedule().new_requests:
+            stream = _Stream()
+            stream.holds_capacity = False  # none holds: only the bound stops admission
+            admitted.backend_stream = stream  # type: ignore[assignment]
+    assert len(scheduler.running) == RUNNING_PER_UNIT and len(scheduler.waiting) == 2

@@ -8,8 +8,10 @@ admitted ones and the ``parked`` batch requests. It never calls the model: the e
 
 Capacity: the backend declares its limits once (``BackendLimits``, tts_engine/budget.py); the scheduler
 is the one counter against them. A request takes one of ``max_streams`` (for CosyVoice, one KV cache
-slot) when it is admitted and keeps it until it finishes or is parked, so a running request never stalls
-for want of a slot. Requests that cannot be admitted wait; a device or interactive request that has
+slot) when it is admitted and keeps it until it finishes, is parked, or its backend stream says it needs
+it no more (``BackendStream.holds_capacity``: a CosyVoice stream whose last LLM has finished, whose
+remaining hops play out over seconds while a newcomer takes the slot), so a running request never
+stalls for want of a slot. Running requests stay under ``RUNNING_PER_UNIT`` times the capacity. Requests that cannot be admitted wait; a device or interactive request that has
 waited ``max_queue_wait_s`` is reported in ``StepPlan.timed_out_req_ids`` and the engine fails it with
 ``EngineOverloaded`` (batch requests wait as long as it takes: their caller owns that deadline). Each
 plan carries the step's row budget (``StepPlan.budget``: streams that may prefill, flow + vocoder hop
@@ -67,6 +69,7 @@ MIN_COMFORT_S = 0.6  # a playback lead below this is always short: its stream's 
 COMFORT_STEPS = 4.0  # ... and so is one below this many of the longest recent steps
 MIN_CRITICAL_S = 0.2  # a playback lead below this is critical: its work runs with the first audio of a step
 CRITICAL_STEPS = 1.0  # ... and so is one below this many of the longest recent steps
+RUNNING_PER_UNIT = 4  # running requests at most this many times the capacity (those past it hold none)
 STEP_WINDOW = 32  # steps whose durations set that measure
 
 
@@ -149,14 +152,20 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
+    def num_holding(self) -> int:
+        """Running requests that hold a unit of capacity (admitted ones not yet opened count)."""
+        return sum(1 for r in self.running if _holds(r))
+
     def can_admit(self, num: int = 1) -> bool:
         """``num`` more requests fit next to the running ones (the one capacity count)."""
-        return self.capacity is None or len(self.running) + num <= self.capacity
+        return self.num_free is None or num <= self.num_free
 
     @property
     def num_free(self) -> int | None:
         """Requests that could be admitted now (None: no limit)."""
-        return None if self.capacity is None else max(0, self.capacity - len(self.running))
+        if self.capacity is None:
+            return None
+        return max(0, min(self.capacity - self.num_holding(), RUNNING_PER_UNIT * self.capacity - len(self.running)))
 
     def has_work(self) -> bool:
         """A step now would do something: admit, park, resume, time out, or run a request."""
@@ -224,13 +233,14 @@ class Scheduler:
         if self.capacity is None:
             return True
         reserve = 0 if self.limits.can_park or self.capacity == 1 else 1
-        return len(self.running) + 1 + reserve <= self.capacity
+        free = self.num_free
+        return free is not None and 1 + reserve <= free
 
     def _park_candidate(self) -> EngineRequest | None:
         """The running batch request to park for a higher class: the most recently admitted one."""
         if not self.limits.can_park:
             return None
-        batch = [r for r in self.running if r.is_batch and r.backend_stream is not None]
+        batch = [r for r in self.running if r.is_batch and r.backend_stream is not None and _holds(r)]
         return max(batch, key=lambda r: r.arrival_time) if batch else None
 
     def _admit(self, plan: StepPlan) -> None:
@@ -376,7 +386,13 @@ class Scheduler:
             stats[f"waiting_{name}"] = len(queue)
         if self.capacity is not None:  # the one capacity count (None: the backend declares no limit)
             stats["capacity"] = self.capacity
-            stats["capacity_free"] = self.capacity - len(self.running)
+            stats["capacity_free"] = self.num_free or 0
+            stats["running_past_capacity"] = len(self.running) - self.num_holding()  # their LLM is done
         for bucket, count in self.batch_size_counts.items():
             stats[f"steps_batch_le_{bucket}"] = count
         return stats
+
+
+def _holds(request: EngineRequest) -> bool:
+    """``request`` holds a unit of capacity (one admitted but not yet opened does)."""
+    return getattr(request.backend_stream, "holds_capacity", True)

@@ -65,6 +65,13 @@ class SplitStepper(Protocol):
 class BackendStream(ABC):
     """One utterance being synthesised."""
 
+    @property
+    def holds_capacity(self) -> bool:
+        """It still needs its share of the backend's ``max_streams`` (the scheduler's capacity count). True
+        until it ends, unless the backend knows better: a CosyVoice stream gives its KV cache slot back
+        once the LLM of its last segment has finished, and its remaining hops need none."""
+        return True
+
     @abstractmethod
     def next_chunk(self) -> np.ndarray | None:
         """Return the next float32 mono chunk at the backend's rate, or ``None`` when done."""

@@ -105,6 +105,14 @@ class CosyVoiceStream(BackendStream):
         return self.segments[self._current].wave.next_job()
 
     @property
+    def holds_capacity(self) -> bool:
+        """A KV cache slot is still needed: some segment from the current one on has LLM work left."""
+        if self.closed:
+            return False
+        self._skip_done()
+        return any(not segment.llm.finished for segment in self.segments[self._current :])
+
+    @property
     def awaits_opening(self) -> bool:
         """Its current segment has had no token2wav call yet: its next audio is an opening hop."""
         self._skip_done()
