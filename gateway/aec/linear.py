@@ -63,12 +63,18 @@ from gateway.aec.stages import CHUNK
 log = logging.getLogger(__name__)
 
 BELOW_WINDOW = 100  # chunks with echo the convergence test looks back over
+LOUD_CHUNKS = 30  # ... or, counting only loud ones (EVIDENCE_SHARE), at least this many
 
 LINEAR_TAPS = 2048  # the linear filter: 128 ms of echo response from the aligned delay on (a room's tail)
 NEAR_FLOOR_RMS = 100.0  # double talk needs this much left after the linear filter (-50 dBFS)
 ECHO_FLOOR_RMS = 100.0  # chunks with this much predicted echo tell how well the linear stage cancels
 CONVERGED_SHARE = 10 ** (-10.0 / 10)  # ... it has converged when half of them left less than -10 dB
 CONVERGED_KEEP = 1 / 3  # ... and stays converged down to this share
+# loud: an echo estimate within this of the recent loud ones (their 90th percentile). The Opus codec's
+# noise follows a 60 ms frame's loud part, and in a quiet chunk (a word's end) it leaves ~-3 dB however
+# well the filter fits: bench legacy-v2, a filter at -15..-20 dB on the words looked unconverged for
+# 2.5 s of the first reply, and barge-ins then were missed
+EVIDENCE_SHARE = 10 ** (-15.0 / 10)
 NEAR_TO_ECHO = 0.3  # ... and at least this share of the echo it predicted (-5 dB; echo alone: ~-15, Opus)
 GEIGEL_LEARNT = 20  # Geigel's test needs this many echo-alone chunks to know the echo path's gain
 SILENT_CHUNKS = 17  # the aligned reference silent this long (> LEAD_MS + the filter's span): nothing to do
@@ -100,6 +106,8 @@ class LinearStage:
         self._probation = 0  # chunks of probation left
         self._speex = SpeexEchoCanceller(frame=CHUNK, filter_length=LINEAR_TAPS, rate=RATE)
         self._below: deque[bool] = deque(maxlen=BELOW_WINDOW)  # recent chunks with echo: left well under it?
+        self._loud_below: deque[bool] = deque(maxlen=BELOW_WINDOW)  # ... of the loud ones (EVIDENCE_SHARE)
+        self._echoes: deque[float] = deque(maxlen=BELOW_WINDOW)  # ... their echo estimate's power
         self._gains: deque[float] = deque(maxlen=300)  # mic peak / recent reference peak, echo alone
         self._ref_peaks = np.zeros(GEIGEL_CHUNKS - 1)
         self._silent = SILENT_CHUNKS  # chunks since the aligned reference last had a sample
@@ -135,6 +143,7 @@ class LinearStage:
             for mic, ref in frames:
                 self.run(mic, ref)
         self._below.clear()
+        self._loud_below.clear()
         self.converged = False
 
     def doubt(self) -> None:
@@ -143,6 +152,7 @@ class LinearStage:
         if self._doubted is None:
             self._doubted = (list(self._below), self.converged)
         self._below.clear()
+        self._loud_below.clear()
         self.converged = False
         self._hold = 0
         self._restore_in = 0
@@ -290,6 +300,10 @@ class LinearStage:
             evidence &= gain <= float(np.percentile(self._gains, 95))
         below_now = (left[evidence] < echo[evidence] * CONVERGED_SHARE).tolist()
         self._below.extend(below_now)
+        self._echoes.extend(echo[with_echo].tolist())
+        if self._echoes:
+            loud = evidence & (echo >= EVIDENCE_SHARE * float(np.percentile(self._echoes, 90)))
+            self._loud_below.extend((left[loud] < echo[loud] * CONVERGED_SHARE).tolist())
         if self._fresh is not None:
             self._fresh.extend(below_now)
             self._probation -= left.size
@@ -303,8 +317,12 @@ class LinearStage:
         below = self._below
         # converged once half the chunks with echo left under -10 dB; it stays so down to a third
         # (the user's first syllables over the echo, not yet talk, count as chunks it did not cancel)
+        # (or of the loud ones alone: EVIDENCE_SHARE)
         share = CONVERGED_KEEP if self.converged else 0.5
-        self.converged = len(below) >= BELOW_WINDOW // 2 and sum(below) >= share * len(below)
+        loud_below = self._loud_below
+        self.converged = (len(below) >= BELOW_WINDOW // 2 and sum(below) >= share * len(below)) or (
+            len(loud_below) >= LOUD_CHUNKS and sum(loud_below) >= share * len(loud_below)
+        )
         if self.converged:  # shown again: no evidence to restore
             self._doubted = None
             self._restore_in = 0
