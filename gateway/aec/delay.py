@@ -18,7 +18,9 @@ how sure the estimate is, and the reference at that lag must match the
 uplink's waveform (`min_match`, a correlation coefficient): PHAT whitens
 everything, so without that check the ±1 LSB an Opus decoder makes of
 silence, or a user whose voice shares the reply's pitch (espeak-ng against
-espeak-ng), gave confident nonsense. Runs every `every_s`, only while we play,
+espeak-ng), gave confident nonsense. Through a room the echo is spread over
+15-40 ms and matches less at any one lag: a match over a quarter of the bar
+counts where the previous estimate agrees on the lag (WEAK_MATCH_SHARE). Runs every `every_s`, only while we play,
 on 4 kHz signals (4-sample means): ~1 ms a run, 0.25 ms of resolution.
 """
 
@@ -39,7 +41,7 @@ MAX_SHIFT_MS = 500.0  # the farthest `shift_since` looks
 MIC_FLOOR_RMS = 10.0  # an uplink this quiet (-70 dBFS) holds no echo worth measuring
 REF_FLOOR_RMS = 30.0  # nothing playing: nothing to find
 # a confident peak whose waveform match falls short, but over min_match / WEAK_MATCH_SHARE, counts where
-# the previous estimate's peak was at the same lag (to WEAK_AGREE_MS) and as sure: a room's response
+# the previous estimate's peak was as confident at the same lag (to WEAK_AGREE_MS): a room's response
 # spreads the echo over 15-40 ms, and at the direct sound's lag alone it matched 0.08-0.19 while the peak
 # stood 18-20 times over the spread (bench legacy-v2: no estimate for 2.2 s of the first reply, a
 # barge-in then missed); nonsense does not come back at the same lag to a quarter of a millisecond

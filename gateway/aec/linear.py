@@ -11,8 +11,10 @@ The uplink is Opus-coded, and its codec noise is echo that no linear filter
 removes: with the echo alone a converged filter leaves ~-15 dB of its echo
 estimate (a 10 ms chunk now and then ~-5 dB). A chunk is the user's speech over
 the echo when (1) the filter has shown that it converged (half the recent
-chunks with echo left under -10 dB; it stays so down to a third: the user's
-first syllables, not yet talk, count against it), (2) it left more than -5 dB
+chunks with echo left under -10 dB, or 2/3 of the loud ones: the quiet ends
+of words, where the codec's noise sets what is left, kept a filter at -15..-20
+dB on the words unconverged for 2.5 s of the first reply; it stays so down to a
+third: the user's first syllables, not yet talk, count against it), (2) it left more than -5 dB
 of the estimate (and more than a floor), and (3) Geigel's test passes: the
 microphone peaks above what the echo path usually makes of the reference's
 recent peak (codec noise passes (2) at times, never (3)). A chunk that left
@@ -63,7 +65,10 @@ from gateway.aec.stages import CHUNK
 log = logging.getLogger(__name__)
 
 BELOW_WINDOW = 100  # chunks with echo the convergence test looks back over
-LOUD_CHUNKS = 30  # ... or, counting only loud ones (EVIDENCE_SHARE), at least this many
+LOUD_CHUNKS = 30  # ... or, counting only loud ones (EVIDENCE_SHARE), this many with 2/3 left under -10 dB
+# (half, as over all chunks, only over BELOW_WINDOW // 2 of them: 16 of 30 was a rebuilt stage's
+# evidence from before a barge-in diluted by the user's first syllables, bench stall-room-v2 seed 0)
+LOUD_SHARE = 2 / 3
 
 LINEAR_TAPS = 2048  # the linear filter: 128 ms of echo response from the aligned delay on (a room's tail)
 NEAR_FLOOR_RMS = 100.0  # double talk needs this much left after the linear filter (-50 dBFS)
@@ -319,15 +324,24 @@ class LinearStage:
         # (the user's first syllables over the echo, not yet talk, count as chunks it did not cancel)
         # (or of the loud ones alone: EVIDENCE_SHARE)
         share = CONVERGED_KEEP if self.converged else 0.5
-        loud_below = self._loud_below
-        self.converged = (len(below) >= BELOW_WINDOW // 2 and sum(below) >= share * len(below)) or (
-            len(loud_below) >= LOUD_CHUNKS and sum(loud_below) >= share * len(loud_below)
+        self.converged = self._shown(below, share, BELOW_WINDOW // 2) or self._shown(
+            self._loud_below, share, BELOW_WINDOW // 2, LOUD_CHUNKS
         )
         if self.converged:  # shown again: no evidence to restore
             self._doubted = None
             self._restore_in = 0
             self._verifying = False
         return talk
+
+    def _shown(self, below: deque[bool], share: float, chunks: int, fewer: int | None = None) -> bool:
+        """`below` shows the filter converged: `share` of at least `chunks` left under -10 dB, or of
+        at least `fewer` (LOUD_SHARE where it is not converged yet)."""
+        n, hits = len(below), sum(below)
+        if n >= chunks and hits >= share * n:
+            return True
+        if fewer is None or n < fewer:
+            return False
+        return hits >= (share if self.converged else LOUD_SHARE) * n
 
     @property
     def failing(self) -> bool:
