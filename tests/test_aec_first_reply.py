@@ -11,6 +11,11 @@ scripts/aec_trace.py):
   spread the echo, the delay estimate's waveform match at the direct sound's
   lag stayed under its bar (0.08-0.19) while the peak stood 18-20 times over
   the correlation's spread: no linear stage until 2.2 s.
+* stall-room-v2 seed 0, barge-in 10: a stage rebuilt after a stall whose loud
+  chunks showed 16 of 30 under -10 dB when the user began: half of 30 took it
+  for converged (the user's first syllables diluting evidence from the echo
+  alone), and the barge-in was found 0.64 s late. The loud chunks alone need
+  2/3 of 30.
 * reverb-v1 seed 1, reply 16: RT60 0.4 s, the tail 1 dB under the direct
   sound; AEC3 took only 15-25 dB off the tail at the ends of words, and the
   VAD took the ~-45 dBFS left for speech (a false barge-in at 5.2 s).
@@ -29,6 +34,7 @@ from scripts.speech import utterance
 STORY = "This is a long story that keeps going for quite a while."
 ROBOT = "Once upon a time there was a small robot who liked to sing."
 WEATHER = "The weather today is sunny with a light breeze from the west."
+BIRDS = "It sang every morning, and the birds sang back to it."
 RAIN = "Tomorrow it will rain in the afternoon, so take an umbrella."
 STOP = "Stop, tell me the time instead."
 
@@ -73,6 +79,25 @@ def test_a_barge_in_early_in_the_first_reply_is_found_in_time(
     assert not [t for t in found if t < at_s], found
     after = [t - at_s for t in found if t >= at_s]
     assert after and after[0] <= 0.4, found
+
+
+def test_a_barge_in_over_a_stage_rebuilt_after_a_stall_is_found_in_time():
+    trial = Trial(
+        MODELS["stall-room-v2"], gain_db=-6.791393221459735, start_frames=3, lead_frames=5,
+        down_ms=9.537543932288415, burst_ms=77.78049004904157, up_ms=27.888906409417988,
+        stall_ms=328.21358043195755, stall_at_s=2.633721378769907, lead_in_ms=861.3053460358775,
+        path_delay_ms=193.9342319291446, rir_ms=15.255543036067202, rt60_ms=367.09438971526697,
+        drr_db=2.7555198093363478, path_seed=491488185, seed=125242280,
+    )  # fmt: skip
+    near = utterance(STOP, lead_s=0.0, tail_s=0.0).pcm
+    d = simulate_device(
+        reply([ROBOT, WEATHER, BIRDS], "en-us"), trial, near=near, near_at_s=4.761983556560354
+    )
+    start = d.near_start_s or 0.0
+    found = onsets(d.out)
+    assert not [t for t in found if t < start], found
+    after = [t - start for t in found if t >= start]
+    assert after and after[0] <= 0.4, (start, found)
 
 
 def test_a_reverberant_tail_that_aec3_leaves_is_not_speech():
