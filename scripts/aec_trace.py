@@ -54,7 +54,7 @@ class Recorder:
     def __enter__(self) -> Recorder:
         original, chunks = self._original, self.chunks
 
-        def choose(guard, pcm, capture_ms, out, ran, stage, played_s):  # type: ignore[no-untyped-def]
+        def choose(guard, pcm, capture_ms, out, ran, stage, played_s):
             n = pcm.size // 160
             mic = pcm[: n * 160].astype(np.float64).reshape(n, 160)
             result = original(guard, pcm, capture_ms, out.copy(), ran, stage, played_s)
