@@ -13,6 +13,13 @@ a slip, and while AEC3 shows that it leaks (over the last loud chunks that may
 only be echo it took off under 20 dB; converged it takes off 30-45). "May only
 be echo": the stage's Geigel test where it has learnt the echo path
 (linear.LinearStage.echo_like), else at or under the ceiling.
+
+Residual cap: where the stage has converged and sees no talk, AEC3's output in a
+chunk that may only be echo (either test) is held RESIDUAL (40 dB) under the
+microphone. AEC3 converged takes 30-45 dB off; a reverberant room's tail at the
+ends of words it took only 15-25 dB off, and the VAD (Silero, which hardly
+minds the level) took the ~-45 dBFS left for speech. Speech under the echo that
+the stage does not take for talk AEC3 ducks by 20-40 dB anyway.
 """
 
 from __future__ import annotations
@@ -32,6 +39,10 @@ LEAK = 10 ** (20.0 / 10)  # ... leaks below this (median)
 LOUD_RMS = 100.0  # ... chunks this loud (-50 dBFS)
 TALK = 10 ** (TALK_DB / 10)
 ECHO = 10 ** (ECHO_DB / 10)
+# where a converged stage sees no talk and the chunk may only be echo, AEC3's output is kept this far
+# (40 dB) under the microphone: in a reverberant room (RT60 0.6 s) AEC3 takes 15-25 dB off the tail at
+# the end of words, and the ~-45 dBFS left was speech to the VAD (bench reverb-v1: a false barge-in)
+RESIDUAL = 10 ** (40.0 / 10)
 
 
 class EchoGuard:
@@ -83,6 +94,12 @@ class EchoGuard:
         held_back = self._held_back if self._held_back.size == chunks else np.zeros(chunks, bool)
         self._held_back = np.zeros(0, bool)
         leaking = self._aec3_leaking(power, out, may_be_echo & ~talk)
+        # the stage knows the echo path and sees no talk: AEC3's output where it may only be echo is
+        # held under RESIDUAL (the ceiling's bound too: Geigel's is a 95th percentile)
+        knows = (
+            ran is not None and stage is not None and stage.learnt and stage.converged and not stage.doubted
+        )
+        capped = (may_be_echo | (power <= bound * ECHO)) & knows
         guard = played_s < GUARD_S or capture_ms < self._guard_until_ms or leaking
         self.guarding = guard
         for k in range(chunks):
@@ -94,6 +111,11 @@ class EchoGuard:
             elif not talk[k]:
                 if (guard and may_be_echo[k]) or held_back[k]:
                     out[part] = 0
+                elif capped[k]:
+                    kept = float(np.mean(out[part].astype(np.float64) ** 2))
+                    if kept * RESIDUAL > power[k]:
+                        scale = np.sqrt(power[k] / (RESIDUAL * kept))
+                        out[part] = np.round(out[part] * scale).astype(np.int16)
                 continue
             out[part] = whole[part]
         return out

@@ -11,8 +11,10 @@ The uplink is Opus-coded, and its codec noise is echo that no linear filter
 removes: with the echo alone a converged filter leaves ~-15 dB of its echo
 estimate (a 10 ms chunk now and then ~-5 dB). A chunk is the user's speech over
 the echo when (1) the filter has shown that it converged (half the recent
-chunks with echo left under -10 dB; it stays so down to a third: the user's
-first syllables, not yet talk, count against it), (2) it left more than -5 dB
+chunks with echo left under -10 dB, or 2/3 of the loud ones: the quiet ends
+of words, where the codec's noise sets what is left, kept a filter at -15..-20
+dB on the words unconverged for 2.5 s of the first reply; it stays so down to a
+third: the user's first syllables, not yet talk, count against it), (2) it left more than -5 dB
 of the estimate (and more than a floor), and (3) Geigel's test passes: the
 microphone peaks above what the echo path usually makes of the reference's
 recent peak (codec noise passes (2) at times, never (3)). A chunk that left
@@ -63,12 +65,21 @@ from gateway.aec.stages import CHUNK
 log = logging.getLogger(__name__)
 
 BELOW_WINDOW = 100  # chunks with echo the convergence test looks back over
+LOUD_CHUNKS = 30  # ... or, counting only loud ones (EVIDENCE_SHARE), this many with 2/3 left under -10 dB
+# (half, as over all chunks, only over BELOW_WINDOW // 2 of them: 16 of 30 was a rebuilt stage's
+# evidence from before a barge-in diluted by the user's first syllables, bench stall-room-v2 seed 0)
+LOUD_SHARE = 2 / 3
 
 LINEAR_TAPS = 2048  # the linear filter: 128 ms of echo response from the aligned delay on (a room's tail)
 NEAR_FLOOR_RMS = 100.0  # double talk needs this much left after the linear filter (-50 dBFS)
 ECHO_FLOOR_RMS = 100.0  # chunks with this much predicted echo tell how well the linear stage cancels
 CONVERGED_SHARE = 10 ** (-10.0 / 10)  # ... it has converged when half of them left less than -10 dB
 CONVERGED_KEEP = 1 / 3  # ... and stays converged down to this share
+# loud: an echo estimate within this of the recent loud ones (their 90th percentile). The Opus codec's
+# noise follows a 60 ms frame's loud part, and in a quiet chunk (a word's end) it leaves ~-3 dB however
+# well the filter fits: bench legacy-v2, a filter at -15..-20 dB on the words looked unconverged for
+# 2.5 s of the first reply, and barge-ins then were missed
+EVIDENCE_SHARE = 10 ** (-15.0 / 10)
 NEAR_TO_ECHO = 0.3  # ... and at least this share of the echo it predicted (-5 dB; echo alone: ~-15, Opus)
 GEIGEL_LEARNT = 20  # Geigel's test needs this many echo-alone chunks to know the echo path's gain
 SILENT_CHUNKS = 17  # the aligned reference silent this long (> LEAD_MS + the filter's span): nothing to do
@@ -100,6 +111,8 @@ class LinearStage:
         self._probation = 0  # chunks of probation left
         self._speex = SpeexEchoCanceller(frame=CHUNK, filter_length=LINEAR_TAPS, rate=RATE)
         self._below: deque[bool] = deque(maxlen=BELOW_WINDOW)  # recent chunks with echo: left well under it?
+        self._loud_below: deque[bool] = deque(maxlen=BELOW_WINDOW)  # ... of the loud ones (EVIDENCE_SHARE)
+        self._echoes: deque[float] = deque(maxlen=BELOW_WINDOW)  # ... their echo estimate's power
         self._gains: deque[float] = deque(maxlen=300)  # mic peak / recent reference peak, echo alone
         self._ref_peaks = np.zeros(GEIGEL_CHUNKS - 1)
         self._silent = SILENT_CHUNKS  # chunks since the aligned reference last had a sample
@@ -135,6 +148,7 @@ class LinearStage:
             for mic, ref in frames:
                 self.run(mic, ref)
         self._below.clear()
+        self._loud_below.clear()
         self.converged = False
 
     def doubt(self) -> None:
@@ -143,6 +157,7 @@ class LinearStage:
         if self._doubted is None:
             self._doubted = (list(self._below), self.converged)
         self._below.clear()
+        self._loud_below.clear()
         self.converged = False
         self._hold = 0
         self._restore_in = 0
@@ -290,6 +305,10 @@ class LinearStage:
             evidence &= gain <= float(np.percentile(self._gains, 95))
         below_now = (left[evidence] < echo[evidence] * CONVERGED_SHARE).tolist()
         self._below.extend(below_now)
+        self._echoes.extend(echo[with_echo].tolist())
+        if self._echoes:
+            loud = evidence & (echo >= EVIDENCE_SHARE * float(np.percentile(self._echoes, 90)))
+            self._loud_below.extend((left[loud] < echo[loud] * CONVERGED_SHARE).tolist())
         if self._fresh is not None:
             self._fresh.extend(below_now)
             self._probation -= left.size
@@ -303,13 +322,26 @@ class LinearStage:
         below = self._below
         # converged once half the chunks with echo left under -10 dB; it stays so down to a third
         # (the user's first syllables over the echo, not yet talk, count as chunks it did not cancel)
+        # (or of the loud ones alone: EVIDENCE_SHARE)
         share = CONVERGED_KEEP if self.converged else 0.5
-        self.converged = len(below) >= BELOW_WINDOW // 2 and sum(below) >= share * len(below)
+        self.converged = self._shown(below, share, BELOW_WINDOW // 2) or self._shown(
+            self._loud_below, share, BELOW_WINDOW // 2, LOUD_CHUNKS
+        )
         if self.converged:  # shown again: no evidence to restore
             self._doubted = None
             self._restore_in = 0
             self._verifying = False
         return talk
+
+    def _shown(self, below: deque[bool], share: float, chunks: int, fewer: int | None = None) -> bool:
+        """`below` shows the filter converged: `share` of at least `chunks` left under -10 dB, or of
+        at least `fewer` (LOUD_SHARE where it is not converged yet)."""
+        n, hits = len(below), sum(below)
+        if n >= chunks and hits >= share * n:
+            return True
+        if fewer is None or n < fewer:
+            return False
+        return hits >= (share if self.converged else LOUD_SHARE) * n
 
     @property
     def failing(self) -> bool:
