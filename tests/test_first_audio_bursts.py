@@ -113,3 +113,19 @@ def test_a_step_asked_to_yield_leaves_the_short_lane_for_the_next_step(
     assert 0 in early  # the next step ran it, in the short lane, right after the urgent audio
     for stream in (playing, newcomer):
         stream.close()
+
+
+def test_after_a_steps_flow_work_the_llms_catch_up(model: CosyVoice3, voices: VoiceStore) -> None:
+    """One token a step falls behind real time once steps run flow work: after it, every running LLM gets
+    more decode iterations (for up to half the flow work's time), batched."""
+    backend = make_backend(model, voices, burst=32)
+    playing, other = (backend.open_stream(t, "default", 1.0) for t in PLAYING)
+    lanes = StepBudget(lanes=(Lane.URGENT, Lane.COMFORTABLE))
+    while not backend.step([playing, other], lanes)[0].size:  # the step that ran playing's opening hop
+        pass
+    stats = backend.step_stats()
+    assert stats["catch_up_decodes"] > 0
+    # the comfortable stream, never in a burst, got more than one token a step
+    assert len(other.segments[0].llm.out_tokens) >= 1 + stats["catch_up_decodes"]  # its prefill, then each
+    for stream in (playing, other):
+        stream.close()

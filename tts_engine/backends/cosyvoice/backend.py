@@ -327,6 +327,7 @@ class CosyVoiceBackend(Backend):
             "decode_bursts": stepper.num_burst_decodes,
             "decode_burst_rows": stepper.num_burst_rows,
             "steps_yielded": stepper.num_yields,
+            "catch_up_decodes": stepper.num_catch_up_decodes,
             "prefills_deferred": stepper.num_prefills_deferred,
             "decode_graphs": getattr(self.runner, "num_graphs", 0),
             "llm_seconds_total": stepper.seconds["llm"],

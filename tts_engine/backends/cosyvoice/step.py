@@ -12,14 +12,18 @@
    taken in the engine's order (least playback slack first), so the hops of streams that are seconds
    ahead wait for a later step instead of delaying everyone's.
 
-Step order (``order``): ``"slack"`` (the default) runs the hops in two groups by the budget's lanes
-(tts_engine/budget.py): first every opening hop (a segment's first audio) and every hop of a stream
-whose listener is short of audio; their audio is handed out (``emit``) before the second group runs:
-the later hops and closing passes of streams with a comfortable lead. While another listener waits for
-first audio, those (and all of a batch stream's hops) wait for a later step instead. ``"together"`` is
-the order before: one batch of every ready hop, its audio handed out when the step ends. The order
-decides when a hop runs and with which rows, never what it computes: each hop's tokens, offsets and
-cached chunks are the same either way (tests/test_step_order.py compares the audio bit for bit).
+Step order (``order``): ``"slack"`` (the default) orders the step by the budget's lanes
+(tts_engine/budget.py): decode bursts for every stream waiting for an opening hop and every urgent one
+whose next hop lacks tokens (``_decode_burst``); then every opening hop and the urgent streams' hops in
+one group, whose audio is handed out (``emit``) at once; then, unless a request arrived meanwhile
+(``should_yield``: the rest waits a step), the short lane's tokens and hops; then the later hops and
+closing passes of streams with a comfortable lead (exact closing passes a few Euler steps a step); then
+an LLM catch-up for every running LLM (``_catch_up``). While another listener waits for first audio,
+the comfortable work (and all of a batch stream's hops) waits for a later step instead. ``"together"``
+is the order before: one token a step, one batch of every ready hop, its audio handed out when the step
+ends. The order decides when a hop runs and with which rows, never what it computes: each hop's tokens,
+offsets and cached chunks are the same either way (tests/test_step_order.py compares the audio bit
+for bit).
 
 A batched call that raises is retried row by row where the rows' state allows it, so one bad request
 does not fail its neighbours.
@@ -34,8 +38,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from cosyvoice.llm import LLMRequest
 from cosyvoice.token2wav import HopJob, PendingClosing, Token2Wav
+from tts_engine.backends.cosyvoice.llm_step import LLMStepping
 from tts_engine.backends.cosyvoice.request import CosyVoiceStream
 from tts_engine.budget import Lane, StepBudget
 from tts_engine.errors import EngineError
@@ -45,6 +49,7 @@ Chunks = dict[int, torch.Tensor]  # id(stream) -> its new audio
 Emit = Callable[[Chunks], bool]  # hands audio out mid-step; False: it could not (keep it for the end)
 STEP_ORDERS = ("slack", "together")
 DECODE_BURST = 32  # extra decode iterations a step may run for streams whose audio is due (_decode_burst)
+SHORT_WHOLE_CLOSINGS = 1  # exact closing calls of the short lane run whole per step; the rest by slices
 CLOSING_SLICE = 2  # Euler steps per engine step of an exact closing call whose stream has a comfortable lead
 HOP_KINDS = ("opening", "hop", "closing")  # a segment's first hop; a later hop; its closing call
 _NO_AUDIO = np.zeros(0, dtype=np.float32)
@@ -55,7 +60,7 @@ def _opens(stream: CosyVoiceStream, lane: Lane) -> bool:
     return lane != Lane.BACKGROUND and stream.awaits_opening
 
 
-class BatchedStep:
+class BatchedStep(LLMStepping):
     """Runs steps for the cosyvoice backend; ``runner`` is an ``LLMRunner`` (or a drop-in one)."""
 
     def __init__(
@@ -77,6 +82,7 @@ class BatchedStep:
         self.decode_burst = decode_burst
         self.num_burst_decodes = 0  # extra decode iterations run by _decode_burst
         self.num_burst_rows = 0  # ... and their rows
+        self.num_catch_up_decodes = 0  # decode iterations run by _catch_up
         self.num_yields = 0  # steps ended after their urgent audio for a request that arrived meanwhile
 
     def run(
@@ -102,6 +108,7 @@ class BatchedStep:
         if bursts:  # tokens for every waiting opening hop and every critical stream
             self._decode_burst([s for s, lane in streams if lane == Lane.URGENT or _opens(s, lane)], errors)
         self.seconds["llm"] += time.perf_counter() - started
+        waves_started = time.perf_counter()
         ready = self._ready(streams, errors)
         if self.order == "together":
             jobs, deferred = StepBudget.take([(stream, job) for stream, _, job in ready], budget.hop_rows)
@@ -120,7 +127,7 @@ class BatchedStep:
         rows = budget.hop_rows
         ran = {id(stream) for stream, _ in first}  # one call a stream a step
         first, rows = self._take(first, rows)
-        chunks = self._wave_group(first, errors, urgent=True)
+        chunks = self._wave_group(first, errors, whole=None)
         chunks = self._emit(chunks, emit)
         if should_yield is not None and should_yield():
             self.num_yields += 1
@@ -134,13 +141,19 @@ class BatchedStep:
         self.seconds["llm"] += time.perf_counter() - started
         short = [(stream, job) for stream, _, job in self._ready([(s, Lane.SHORT) for s in short_lane], errors)]
         short, rows = self._take(short, rows)
-        chunks.update(self._wave_group(short, errors, urgent=True))
+        chunks.update(self._wave_group(short, errors, whole=SHORT_WHOLE_CLOSINGS))
         chunks = self._emit(chunks, emit)
         if second and should_yield is not None and should_yield():
             self.num_yields += 1
             return chunks
         second, rows = self._take(second, rows)
-        chunks.update(self._wave_group(second, errors, urgent=False))
+        chunks.update(self._wave_group(second, errors, whole=0, stop=should_yield))
+        if bursts and not (should_yield is not None and should_yield()):
+            started = time.perf_counter()
+            self._catch_up(
+                [s for s, lane in streams if lane != Lane.BACKGROUND], errors, started - waves_started, should_yield
+            )
+            self.seconds["llm"] += time.perf_counter() - started
         return chunks
 
     def _ready(
@@ -224,16 +237,32 @@ class BatchedStep:
         return results
 
     def _wave_group(
-        self, jobs: list[tuple[CosyVoiceStream, HopJob]], errors: Errors, *, urgent: bool
+        self,
+        jobs: list[tuple[CosyVoiceStream, HopJob]],
+        errors: Errors,
+        *,
+        whole: int | None,
+        stop: Callable[[], bool] | None = None,
     ) -> Chunks:
-        """One group of the slack order: its hops in one batch; each exact closing call on its own, whole
-        when ``urgent``, else ``CLOSING_SLICE`` Euler steps a step (its audio once the last one ran)."""
+        """One group of the slack order: its hops and the first ``whole`` of its exact closing calls (None:
+        all) in one batch; the other closing calls on their own, ``CLOSING_SLICE`` Euler steps a step
+        (their audio once the last one ran), as is one already begun that way; a true ``stop()`` before
+        a slice leaves it and the rest for the next step."""
+        batched = [(stream, job) for stream, job in jobs if not job.finalize or job.streaming]
+        sliced: list[tuple[CosyVoiceStream, HopJob, int | None]] = []
         closing = [(stream, job) for stream, job in jobs if job.finalize and not job.streaming]
-        chunks = self._wave_step(
-            [(stream, job) for stream, job in jobs if not job.finalize or job.streaming], errors
-        )
-        for stream, job in closing:
-            chunk = self._closing_slice(stream, job, errors, None if urgent else CLOSING_SLICE)
+        for k, (stream, job) in enumerate(closing):
+            runs_whole = whole is None or k < whole
+            if runs_whole and id(stream) not in self.closings:
+                batched.append((stream, job))  # whole and not begun: in the batch, as the together order runs it
+            else:
+                sliced.append((stream, job, None if runs_whole else CLOSING_SLICE))
+        chunks = self._wave_step(batched, errors)
+        for stream, job, steps in sliced:
+            if steps is not None and stop is not None and stop():
+                self.num_yields += 1
+                break  # a request arrived: the other slices wait for the next step
+            chunk = self._closing_slice(stream, job, errors, steps)
             if chunk is not None:
                 chunks[id(stream)] = chunk
         return chunks
@@ -262,89 +291,6 @@ class BatchedStep:
             return None
         finally:
             self.seconds["closing"] += time.perf_counter() - started
-
-    # -- LLM -----------------------------------------------------------------------------------
-
-    def _llm_step(
-        self, streams: Sequence[tuple[CosyVoiceStream, Lane]], errors: Errors, prefill_rows: int | None
-    ) -> None:
-        """Decode (and prefill) every stream's LLM; in the slack order a held stream's LLM waits too when
-        its next hop's tokens are already there (a batch stream's always), so a step while a listener waits
-        for first audio decodes only the rows that need tokens."""
-        decode: list[tuple[CosyVoiceStream, LLMRequest]] = []
-        prefill: list[tuple[CosyVoiceStream, LLMRequest]] = []
-        for stream, lane in streams:
-            request = stream.llm_request()
-            if request is None:
-                continue
-            if self.order == "slack" and lane >= Lane.DEFERRED:
-                if lane == Lane.BACKGROUND or stream.next_job() is not None:
-                    self.num_llm_held += 1
-                    continue
-            (prefill if request.slot is None else decode).append((stream, request))
-        self._run_llm(self.runner.decode_step, decode, errors)
-        prefill, deferred = StepBudget.take(prefill, prefill_rows)
-        self.num_prefills_deferred += deferred
-        self._run_llm(self.runner.prefill, prefill, errors)
-
-    def _decode_burst(self, candidates: Sequence[CosyVoiceStream], errors: Errors) -> None:
-        """More decode iterations in this step for ``candidates`` whose next hop still lacks tokens (a
-        batch of the rows still short per iteration, at most ``decode_burst`` iterations). One token a
-        step is too slow when a step also runs other streams' flow work (a 50-80 ms hop against a 1.4 ms
-        decode on the tiny CPU model): a newcomer's 28 opening tokens would take 28 such steps, and a
-        playing stream falls behind real time. Sampling is per request (its own generator): the same
-        tokens whenever they are drawn."""
-        for _ in range(self.decode_burst if candidates else 0):
-            rows: list[tuple[CosyVoiceStream, LLMRequest]] = []
-            for stream in candidates:
-                request = stream.llm_request()
-                if id(stream) in errors or request is None or request.slot is None:
-                    continue
-                try:
-                    stream.feed_tokens()
-                    short_of_tokens = stream.next_job() is None
-                except Exception as exc:  # noqa: BLE001 - fails this request only
-                    errors[id(stream)] = exc
-                    continue
-                if short_of_tokens:
-                    rows.append((stream, request))
-            if not rows:
-                return
-            self._run_llm(self.runner.decode_step, rows, errors)
-            self.num_burst_decodes += 1
-            self.num_burst_rows += len(rows)
-
-    def _run_llm(
-        self,
-        call: Callable[[list[LLMRequest]], Any],
-        items: list[tuple[CosyVoiceStream, LLMRequest]],
-        errors: Errors,
-    ) -> None:
-        """One batched LLM call; on failure retry the rows it left untouched, one by one."""
-        if not items:
-            return
-        before = [self._llm_state(request) for _, request in items]
-        try:
-            call([request for _, request in items])
-            return
-        except Exception as exc:  # noqa: BLE001 - sorted out per row below
-            batch_error = exc
-        for (stream, request), state in zip(items, before, strict=True):
-            now = self._llm_state(request)
-            if now[:2] != state[:2]:
-                continue  # it got its token before the failure
-            if now != state or len(items) == 1:
-                errors[id(stream)] = batch_error  # its cache moved on without a token: cannot retry
-                continue
-            try:
-                call([request])
-            except Exception as exc:  # noqa: BLE001
-                errors[id(stream)] = exc
-
-    def _llm_state(self, request: LLMRequest) -> tuple[int, bool, int | None, int]:
-        slot = request.slot
-        length = self.runner.cache.length(slot) if slot is not None else -1
-        return len(request.out_tokens), request.finished, slot, length
 
     # -- token2wav -----------------------------------------------------------------------------
 

@@ -1,0 +1,136 @@
+"""The LLM half of a CosyVoice3 scheduler step (``BatchedStep``, step.py): one batched decode for every
+stream, prefills within the budget, decode bursts for streams whose audio is due, and the catch-up
+after a step's flow work. Sampling is per request (its own CPU generator), so how tokens are batched or
+when they are drawn never changes them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from cosyvoice.llm import LLMRequest
+from tts_engine.backends.cosyvoice.request import CosyVoiceStream
+from tts_engine.budget import Lane, StepBudget
+
+Errors = dict[int, BaseException]  # id(stream) -> what failed it
+CATCH_UP_SHARE = 0.5  # decode time after a step's flow work, at most this share of that work's time
+
+
+class LLMStepping:
+    """The LLM calls of ``BatchedStep`` (its ``runner``, ``order``, ``decode_burst`` and counters)."""
+
+    runner: Any
+    order: str
+    decode_burst: int
+    num_llm_held: int
+    num_prefills_deferred: int
+    num_burst_decodes: int
+    num_burst_rows: int
+    num_catch_up_decodes: int
+
+    def _llm_step(
+        self, streams: Sequence[tuple[CosyVoiceStream, Lane]], errors: Errors, prefill_rows: int | None
+    ) -> None:
+        """Decode (and prefill) every stream's LLM; in the slack order a held stream's LLM waits too when
+        its next hop's tokens are already there (a batch stream's always), so a step while a listener waits
+        for first audio decodes only the rows that need tokens."""
+        decode: list[tuple[CosyVoiceStream, LLMRequest]] = []
+        prefill: list[tuple[CosyVoiceStream, LLMRequest]] = []
+        for stream, lane in streams:
+            request = stream.llm_request()
+            if request is None:
+                continue
+            if self.order == "slack" and lane >= Lane.DEFERRED:
+                if lane == Lane.BACKGROUND or stream.next_job() is not None:
+                    self.num_llm_held += 1
+                    continue
+            (prefill if request.slot is None else decode).append((stream, request))
+        self._run_llm(self.runner.decode_step, decode, errors)
+        prefill, deferred = StepBudget.take(prefill, prefill_rows)
+        self.num_prefills_deferred += deferred
+        self._run_llm(self.runner.prefill, prefill, errors)
+
+    def _catch_up(
+        self,
+        streams: Sequence[CosyVoiceStream],
+        errors: Errors,
+        wave_seconds: float,
+        stop: Callable[[], bool] | None = None,
+    ) -> None:
+        """After a step's flow work: decode iterations for every stream whose LLM still runs, for up to
+        ``CATCH_UP_SHARE`` of the time the flow work took. One token a step would fall behind real time
+        (25 tokens a second of audio) once steps run other streams' hops for more than 40 ms, and a
+        stream holds its KV cache slot until its LLM finishes; the rows are batched, so the tokens cost
+        little each. A true ``stop()`` (a request arrived) ends it."""
+        deadline = time.perf_counter() + CATCH_UP_SHARE * wave_seconds
+        for _ in range(self.decode_burst if wave_seconds > 0 else 0):
+            rows = [
+                (stream, request)
+                for stream in streams
+                if id(stream) not in errors and (request := stream.llm_request()) is not None and request.slot is not None
+            ]
+            if not rows or time.perf_counter() >= deadline or (stop is not None and stop()):
+                return  # done, out of time, or a request arrived: its step comes first
+            self._run_llm(self.runner.decode_step, rows, errors)
+            self.num_catch_up_decodes += 1
+
+    def _decode_burst(self, candidates: Sequence[CosyVoiceStream], errors: Errors) -> None:
+        """More decode iterations in this step for ``candidates`` whose next hop still lacks tokens (a
+        batch of the rows still short per iteration, at most ``decode_burst`` iterations). One token a
+        step is too slow when a step also runs other streams' flow work (a 50-80 ms hop against a 1.4 ms
+        decode on the tiny CPU model): a newcomer's 28 opening tokens would take 28 such steps, and a
+        playing stream falls behind real time. Sampling is per request (its own generator): the same
+        tokens whenever they are drawn."""
+        for _ in range(self.decode_burst if candidates else 0):
+            rows: list[tuple[CosyVoiceStream, LLMRequest]] = []
+            for stream in candidates:
+                request = stream.llm_request()
+                if id(stream) in errors or request is None or request.slot is None:
+                    continue
+                try:
+                    stream.feed_tokens()
+                    short_of_tokens = stream.next_job() is None
+                except Exception as exc:  # noqa: BLE001 - fails this request only
+                    errors[id(stream)] = exc
+                    continue
+                if short_of_tokens:
+                    rows.append((stream, request))
+            if not rows:
+                return
+            self._run_llm(self.runner.decode_step, rows, errors)
+            self.num_burst_decodes += 1
+            self.num_burst_rows += len(rows)
+
+    def _run_llm(
+        self,
+        call: Callable[[list[LLMRequest]], Any],
+        items: list[tuple[CosyVoiceStream, LLMRequest]],
+        errors: Errors,
+    ) -> None:
+        """One batched LLM call; on failure retry the rows it left untouched, one by one."""
+        if not items:
+            return
+        before = [self._llm_state(request) for _, request in items]
+        try:
+            call([request for _, request in items])
+            return
+        except Exception as exc:  # noqa: BLE001 - sorted out per row below
+            batch_error = exc
+        for (stream, request), state in zip(items, before, strict=True):
+            now = self._llm_state(request)
+            if now[:2] != state[:2]:
+                continue  # it got its token before the failure
+            if now != state or len(items) == 1:
+                errors[id(stream)] = batch_error  # its cache moved on without a token: cannot retry
+                continue
+            try:
+                call([request])
+            except Exception as exc:  # noqa: BLE001
+                errors[id(stream)] = exc
+
+    def _llm_state(self, request: LLMRequest) -> tuple[int, bool, int | None, int]:
+        slot = request.slot
+        length = self.runner.cache.length(slot) if slot is not None else -1
+        return len(request.out_tokens), request.finished, slot, length
