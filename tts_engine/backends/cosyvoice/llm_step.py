@@ -57,7 +57,7 @@ class LLMStepping:
         streams: Sequence[CosyVoiceStream],
         errors: Errors,
         wave_seconds: float,
-        stop: Callable[[], bool] | None = None,
+        stop: Callable[[], bool],
     ) -> None:
         """After a step's flow work: decode iterations for every stream whose LLM still runs, for up to
         ``CATCH_UP_SHARE`` of the time the flow work took. One token a step would fall behind real time
@@ -71,7 +71,7 @@ class LLMStepping:
                 for stream in streams
                 if id(stream) not in errors and (request := stream.llm_request()) is not None and request.slot is not None
             ]
-            if not rows or time.perf_counter() >= deadline or (stop is not None and stop()):
+            if not rows or time.perf_counter() >= deadline or stop():
                 return  # done, out of time, or a request arrived: its step comes first
             self._run_llm(self.runner.decode_step, rows, errors)
             self.num_catch_up_decodes += 1

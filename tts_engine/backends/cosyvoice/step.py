@@ -39,12 +39,11 @@ import numpy as np
 import torch
 
 from cosyvoice.token2wav import HopJob, PendingClosing, Token2Wav
-from tts_engine.backends.cosyvoice.llm_step import LLMStepping
+from tts_engine.backends.cosyvoice.llm_step import Errors, LLMStepping
 from tts_engine.backends.cosyvoice.request import CosyVoiceStream
 from tts_engine.budget import Lane, StepBudget
 from tts_engine.errors import EngineError
 
-Errors = dict[int, BaseException]  # id(stream) -> what failed it
 Chunks = dict[int, torch.Tensor]  # id(stream) -> its new audio
 Emit = Callable[[Chunks], bool]  # hands audio out mid-step; False: it could not (keep it for the end)
 STEP_ORDERS = ("slack", "together")
@@ -53,6 +52,10 @@ SHORT_WHOLE_CLOSINGS = 1  # exact closing calls of the short lane run whole per 
 CLOSING_SLICE = 2  # Euler steps per engine step of an exact closing call whose stream has a comfortable lead
 HOP_KINDS = ("opening", "hop", "closing")  # a segment's first hop; a later hop; its closing call
 _NO_AUDIO = np.zeros(0, dtype=np.float32)
+
+
+def _never() -> bool:
+    return False
 
 
 def _opens(stream: CosyVoiceStream, lane: Lane) -> bool:
@@ -102,6 +105,7 @@ class BatchedStep(LLMStepping):
         for key, (stream, _) in list(self.closings.items()):
             if stream.closed:
                 del self.closings[key]  # finished, failed or aborted meanwhile
+        yielding = should_yield or _never
         started = time.perf_counter()
         self._llm_step(streams, errors, budget.prefill_rows)
         bursts = self.order == "slack" and budget.lanes is not None  # lanes: a scheduler ranks the streams
@@ -129,7 +133,7 @@ class BatchedStep(LLMStepping):
         first, rows = self._take(first, rows)
         chunks = self._wave_group(first, errors, whole=None)
         chunks = self._emit(chunks, emit)
-        if should_yield is not None and should_yield():
+        if yielding():
             self.num_yields += 1
             return chunks
         # the short lane, once the urgent audio is out: its tokens (a burst where its next hop lacks
@@ -143,15 +147,15 @@ class BatchedStep(LLMStepping):
         short, rows = self._take(short, rows)
         chunks.update(self._wave_group(short, errors, whole=SHORT_WHOLE_CLOSINGS))
         chunks = self._emit(chunks, emit)
-        if second and should_yield is not None and should_yield():
+        if second and yielding():
             self.num_yields += 1
             return chunks
         second, rows = self._take(second, rows)
-        chunks.update(self._wave_group(second, errors, whole=0, stop=should_yield))
-        if bursts and not (should_yield is not None and should_yield()):
+        chunks.update(self._wave_group(second, errors, whole=0, stop=yielding))
+        if bursts and not yielding():
             started = time.perf_counter()
             self._catch_up(
-                [s for s, lane in streams if lane != Lane.BACKGROUND], errors, started - waves_started, should_yield
+                [s for s, lane in streams if lane != Lane.BACKGROUND], errors, started - waves_started, yielding
             )
             self.seconds["llm"] += time.perf_counter() - started
         return chunks
@@ -242,7 +246,7 @@ class BatchedStep(LLMStepping):
         errors: Errors,
         *,
         whole: int | None,
-        stop: Callable[[], bool] | None = None,
+        stop: Callable[[], bool] = _never,
     ) -> Chunks:
         """One group of the slack order: its hops and the first ``whole`` of its exact closing calls (None:
         all) in one batch; the other closing calls on their own, ``CLOSING_SLICE`` Euler steps a step
@@ -259,7 +263,7 @@ class BatchedStep(LLMStepping):
                 sliced.append((stream, job, None if runs_whole else CLOSING_SLICE))
         chunks = self._wave_step(batched, errors)
         for stream, job, steps in sliced:
-            if steps is not None and stop is not None and stop():
+            if steps is not None and stop():
                 self.num_yields += 1
                 break  # a request arrived: the other slices wait for the next step
             chunk = self._closing_slice(stream, job, errors, steps)
