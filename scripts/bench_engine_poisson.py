@@ -66,7 +66,10 @@ async def lone_first_chunk(engine: TTSEngine, voices: list[str], rate: int) -> f
     """The median first chunk of single sentences, one at a time on an idle engine (the reference)."""
     firsts = []
     for k, text in enumerate(LONE_TEXTS):
-        [record] = await play_reply(engine, Reply("-", (text,)), -1, voice=voices[k % len(voices)], rate=rate)
+        # Unpaced: a lone sentence's first chunk does not depend on how fast its listener reads the rest,
+        # and a paced one would spend its whole audio length here (a GPU report's step has 150 s in all).
+        reply = Reply("-", (text,))
+        [record] = await play_reply(engine, reply, -1, voice=voices[k % len(voices)], rate=rate, paced=False)
         assert record.first_chunk_s is not None, record.error
         firsts.append(record.first_chunk_s)
     return statistics.median(firsts)
@@ -124,6 +127,7 @@ async def run_poisson(args: argparse.Namespace, model: Any, make_backend: Callab
         flush=True,
     )
     voices = [f"bench{i}" for i in range(args.voices)]
+    began = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         backend = make_backend(
             model, args, streams, Path(tmp), args.voices, flow_cache=args.flow_cache != "off", tokens=tokens_for
@@ -131,15 +135,22 @@ async def run_poisson(args: argparse.Namespace, model: Any, make_backend: Callab
         engine = TTSEngine(backend, max_queue_wait_s=None, max_pending_requests=4096)
         await engine.start()
         try:
-            await play_reply(engine, Reply("-", (ZH_SENTENCES[3],)), -1, voice=voices[0], rate=args.rate)  # warm-up
+            warm_up = Reply("-", (ZH_SENTENCES[3],))
+            await play_reply(engine, warm_up, -1, voice=voices[0], rate=args.rate, paced=False)
+            print(f"warm-up done ({time.perf_counter() - began:.0f} s since the start)", flush=True)
             lone = await lone_first_chunk(engine, voices, args.rate)
             print(
-                f"lone-stream first chunk: {1000 * lone:.0f} ms (median of {len(LONE_TEXTS)} sentences alone)",
+                f"lone-stream first chunk: {1000 * lone:.0f} ms (median of {len(LONE_TEXTS)} sentences alone; "
+                f"{time.perf_counter() - began:.0f} s since the start)",
                 flush=True,
             )
             if args.capacity is None:
                 cap = await capacity(engine, streams, voices, args.rate, args.seed + 7)
-                print(f"capacity: {cap:.2f} audio s/s ({streams} replies in flight, consumers unpaced)", flush=True)
+                print(
+                    f"capacity: {cap:.2f} audio s/s ({streams} replies in flight, consumers unpaced; "
+                    f"{time.perf_counter() - began:.0f} s since the start)",
+                    flush=True,
+                )
             else:  # given: two runs (e.g. two step orders) offer the same load on a machine whose speed drifts
                 cap = args.capacity
                 print(f"capacity: {cap:.2f} audio s/s (given with --capacity, not measured)", flush=True)
