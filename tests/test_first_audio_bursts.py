@@ -129,3 +129,37 @@ def test_after_a_steps_flow_work_the_llms_catch_up(model: CosyVoice3, voices: Vo
     assert len(other.segments[0].llm.out_tokens) >= 1 + stats["catch_up_decodes"]  # its prefill, then each
     for stream in (playing, other):
         stream.close()
+
+
+@pytest.mark.parametrize("alone", [True, False])
+def test_on_a_cpu_an_opening_hop_goes_out_before_the_urgent_groups_other_rows(
+    model: CosyVoice3, voices: VoiceStore, alone: bool
+) -> None:
+    """A flow call on a CPU costs in proportion to its rows, so a waiting listener's opening hop runs in a
+    call of its own and its audio is handed out before the other urgent rows run (``openings_alone``, set
+    by the backend for a CPU device); without it, the group is one call and one hand-out."""
+    backend = make_backend(model, voices, burst=32)
+    assert backend.stepper.openings_alone  # the tests run on a CPU
+    backend.stepper.openings_alone = alone
+    playing, newcomer = (backend.open_stream(t, "default", 1.0) for t in (PLAYING[0], NEWCOMER))
+    urgent = StepBudget(lanes=(Lane.URGENT,))
+    while not backend.step([playing], urgent)[0].size:  # its opening hop
+        pass
+    for _ in range(200):  # until its next hop's tokens are there
+        playing.feed_tokens()
+        if playing.next_job() is not None:
+            break
+        backend.step([playing], StepBudget(lanes=(Lane.COMFORTABLE,)))
+    assert playing.next_job() is not None
+    handouts: list[list[int]] = []
+    lanes = StepBudget(lanes=(Lane.URGENT, Lane.URGENT))
+    # the newcomer ranks first (nothing plays for it: no slack), as the scheduler ranks it
+    backend.step([newcomer, playing], lanes, lambda items: handouts.append(sorted(i for i, _ in items)))
+    if alone:
+        assert handouts == [[0], [1]]  # the newcomer's opening first, alone; then the playing stream's hop
+        assert backend.step_stats()["openings_alone"] == 1
+    else:
+        assert handouts == [[0, 1]]
+        assert backend.step_stats()["openings_alone"] == 0
+    for stream in (playing, newcomer):
+        stream.close()

@@ -201,7 +201,9 @@ class CosyVoiceBackend(Backend):
             from cosyvoice.token2wav.compile import compile_token2wav
 
             self.compiled = compile_token2wav(model.token2wav, backend="inductor")
-        self.stepper = BatchedStep(self.runner, model.token2wav, order=step_order)
+        # a CPU's flow call costs in proportion to its rows: openings in calls of their own (BatchedStep)
+        openings_alone = self.device.type == "cpu"
+        self.stepper = BatchedStep(self.runner, model.token2wav, order=step_order, openings_alone=openings_alone)
         self._limits = BackendLimits(
             max_streams=max_batch_size,
             max_batch_size=max_batch_size,
@@ -324,6 +326,7 @@ class CosyVoiceBackend(Backend):
             "hops_held": stepper.num_hops_held,
             "closing_pauses": stepper.num_closing_pauses,
             "llm_rows_held": stepper.num_llm_held,
+            "openings_alone": stepper.num_openings_alone,
             "decode_bursts": stepper.num_burst_decodes,
             "decode_burst_rows": stepper.num_burst_rows,
             "steps_yielded": stepper.num_yields,

@@ -15,7 +15,8 @@
 Step order (``order``): ``"slack"`` (the default) orders the step by the budget's lanes
 (tts_engine/budget.py): decode bursts for every stream waiting for an opening hop and every urgent one
 whose next hop lacks tokens (``_decode_burst``); then every opening hop and the urgent streams' hops in
-one group, whose audio is handed out (``emit``) at once; then, unless a request arrived meanwhile
+one group, whose audio is handed out (``emit``) at once (on a CPU each opening hop in a call of its own,
+its audio out before the group's other rows run: ``openings_alone``); then, unless a request arrived meanwhile
 (``should_yield``: the rest waits a step), the short lane's tokens and hops; then the later hops and
 closing passes of streams with a comfortable lead (exact closing passes a few Euler steps a step); then
 an LLM catch-up for every running LLM (``_catch_up``). While another listener waits for first audio,
@@ -67,7 +68,13 @@ class BatchedStep(LLMStepping):
     """Runs steps for the cosyvoice backend; ``runner`` is an ``LLMRunner`` (or a drop-in one)."""
 
     def __init__(
-        self, runner: Any, token2wav: Token2Wav, *, order: str = "slack", decode_burst: int = DECODE_BURST
+        self,
+        runner: Any,
+        token2wav: Token2Wav,
+        *,
+        order: str = "slack",
+        decode_burst: int = DECODE_BURST,
+        openings_alone: bool = False,
     ) -> None:
         if order not in STEP_ORDERS:
             raise ValueError(f"step order must be one of {', '.join(STEP_ORDERS)}, got {order!r}")
@@ -87,6 +94,13 @@ class BatchedStep(LLMStepping):
         self.num_burst_rows = 0  # ... and their rows
         self.num_catch_up_decodes = 0  # decode iterations run by _catch_up
         self.num_yields = 0  # steps ended after their urgent audio for a request that arrived meanwhile
+        # Slack order: each opening hop of the urgent group in a call of its own, its audio out before the
+        # group's other rows run. For devices where a flow call costs in proportion to its rows (a CPU: tiny
+        # preset, 1 thread, one opening 44.9 ms, two together 77.9 ms), so a waiting listener is not kept
+        # behind the others' rows; on a GPU a call's fixed cost dominates (an eager hop of one row: 213 ms
+        # on an H200) and one batch serves everyone sooner. The backend sets it by device.
+        self.openings_alone = openings_alone
+        self.num_openings_alone = 0  # opening hops run in a call of their own (openings_alone)
 
     def run(
         self,
@@ -131,8 +145,10 @@ class BatchedStep(LLMStepping):
         rows = budget.hop_rows
         ran = {id(stream) for stream, _ in first}  # one call a stream a step
         first, rows = self._take(first, rows)
-        chunks = self._wave_group(first, errors, whole=None)
-        chunks = self._emit(chunks, emit)
+        chunks: Chunks = {}
+        for group in self._urgent_calls(first):
+            chunks.update(self._wave_group(group, errors, whole=None))
+            chunks = self._emit(chunks, emit)
         if yielding():
             self.num_yields += 1
             return chunks
@@ -159,6 +175,27 @@ class BatchedStep(LLMStepping):
             )
             self.seconds["llm"] += time.perf_counter() - started
         return chunks
+
+    def _urgent_calls(
+        self, first: list[tuple[CosyVoiceStream, HopJob]]
+    ) -> list[list[tuple[CosyVoiceStream, HopJob]]]:
+        """The urgent group's flow calls: one batch; or, with ``openings_alone``, in rank order (least
+        slack first), each opening hop (the first audio of a waiting listener) in a call of its own and the
+        other rows between two openings batched together."""
+        if not self.openings_alone or sum(job.token_offset == 0 for _, job in first) == 0 or len(first) < 2:
+            return [first]
+        calls: list[list[tuple[CosyVoiceStream, HopJob]]] = []
+        batch: list[tuple[CosyVoiceStream, HopJob]] = []
+        for stream, job in first:
+            if job.token_offset != 0:
+                batch.append((stream, job))
+                continue
+            if batch:
+                calls.append(batch)
+                batch = []
+            calls.append([(stream, job)])
+            self.num_openings_alone += 1
+        return calls + ([batch] if batch else [])
 
     def _ready(
         self, streams: Sequence[tuple[CosyVoiceStream, Lane]], errors: Errors
