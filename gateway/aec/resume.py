@@ -136,7 +136,10 @@ class ResumeHandling:
         mic = self._recent.between(finder.start_ms, end_ms, (capture_ms, pcm))
         shift = None if mic is None else finder.find(mic)
         if shift is None and end_ms < finder.echo_ms + MAX_SHIFT_MS + SHIFT_GIVE_UP_S * 1000:
-            return None
+            # the stage waits; what no move of the echo explains is the user's, whole (else the resume
+            # guard mutes it until the move is measured)
+            talk = np.zeros(0, bool) if mic is None else finder.unexplained(mic, pcm.size // CHUNK)
+            return (pcm.copy(), talk) if talk.any() else None
         self._finder = None
         if shift is not None:
             self._move = (finder.resumed_ms, stage.delay_ms)
