@@ -89,6 +89,15 @@ SILENT_DEVICE = stall_trial(
     rir_ms=255.8556, rt60_ms=359.2304, drr_db=5.1911, path_seed=433528406, seed=225499113,
 )  # fmt: skip
 
+# the stage, moved, ran again over the frames it had waited on; talk it found there in its first
+# chunks (SpeexDSP's reference history still the old alignment's) held on over the echo after them:
+# a false barge-in at 5.5 s (bench stall-plain-v1 seed 0, barge-in 8, before the user spoke)
+HELD_ON = stall_trial(
+    gain_db=-2.3697, start_frames=3, lead_frames=4, down_ms=8.7062, burst_ms=127.7254, up_ms=19.7612,
+    drift_ppm=35.6057, stall_ms=423.6525, stall_at_s=3.6735, lead_in_ms=1262.3311, path_delay_ms=19.8393,
+    rir_ms=395.1573, rt60_ms=320.7252, drr_db=6.6373, path_seed=723212045, seed=127778455,
+)  # fmt: skip
+
 
 @pytest.mark.parametrize(
     ("trial", "texts", "voice"),
@@ -97,8 +106,9 @@ SILENT_DEVICE = stall_trial(
         (SOONER, [ROBOT, WEATHER, RAIN], "en"),
         (STAMPED, [STORY, WEATHER, ROBOT], "en-us"),
         (ONSETS, [WEATHER, STORY, RAIN], "en-us"),
+        (HELD_ON, [BIRDS, WEATHER, ROBOT], "en"),
     ],
-    ids=["echo-later", "echo-sooner", "v2-stamps-lag", "onsets-after-the-move"],
+    ids=["echo-later", "echo-sooner", "v2-stamps-lag", "onsets-after-the-move", "talk-held-after-the-move"],
 )
 def test_a_stall_in_the_reply_is_no_barge_in(trial, texts, voice, caplog):
     caplog.set_level(logging.DEBUG, logger="gateway.aec")

@@ -364,6 +364,10 @@ class LinearStage:
         it is learnt)."""
         return float(np.percentile(self._gains, 95)) if len(self._gains) >= GEIGEL_LEARNT else GUARD_GAIN
 
+    def release_hold(self) -> None:
+        """Talk found so far holds no more chunks on (`_hold_on`)."""
+        self._hold = 0
+
     def _hold_on(self, talk: np.ndarray, strong: np.ndarray) -> np.ndarray:
         """A talk chunk that left well above the echo holds talk for HOLD_CHUNKS: speech is
         continuous, the tests are not (a syllable's quiet parts, the echo's loud ones), and the
