@@ -13,8 +13,13 @@ ones from AEC3 re-aligned). A proven stage now waits at the resume instead
 while shift.ShiftFinder measures the echo's move from the stage's own echo path
 (~100-250 ms of echo after it, with the user talking or not); the stage then
 moves by it (to a sixteenth of a sample), keeps its evidence, and runs once
-over the frames it waited on. Where the finder finds nothing (a filter that
-does not predict the echo, no clear peak) the slow path remains. The echo may
+over the frames it waited on (talk it finds in their first chunks, where
+SpeexDSP's reference history is still the old alignment's, holds on over no
+later frame). Where the finder finds nothing (a filter that does not predict
+the echo, no clear peak) the slow path remains. While the stage waits, the
+resume guard mutes what may be echo; what no move of the echo explains
+(ShiftFinder.unexplained: the user who talks while the device is still silent
+after the stall, or over the echo before its move is clear) passes whole. The echo may
 come back up to 250 ms sooner than the stage expects it, which to the stage is
 talk: before the resume, new talk that the echo path could make of what plays
 after it (Geigel's bound) is muted (`_before_resume`).

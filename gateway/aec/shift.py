@@ -23,6 +23,16 @@ the whitened correlation's peak must stand out (MIN_CONFIDENCE) and no other
 move may come close (RUNNER_UP). ~100-250 ms of echo after the resume are
 enough, with the user talking over it.
 
+Until then the stage waits and the resume guard mutes what may be echo; a
+user who talked right after the resume, the device still silent, was muted
+until the move was measured (found up to 0.84 s late). `unexplained` says
+which chunks no move of the echo explains: the prediction (of what played from
+BEFORE_MS before the resume on: where the device ran dry before we expected,
+the end of what played before the resume moves too) at every move from
+MIN_SHIFT_MS on, scaled within GAIN_RANGE, leaves more than half of a 30 ms
+window of uplink. The echo at its move leaves ~-15 dB; speech over silence or
+over the echo leaves most of itself. Those chunks pass whole.
+
 Hand-written on numpy's FFT: neither library measures a move of its own
 filter (AEC3 re-searches its delay over seconds, SpeexDSP has no delay search).
 """
