@@ -24,12 +24,7 @@ given the speech piecemeal, found it up to 470 ms late; a room's tail after a
 word also leaves +5 dB, under a far quieter microphone. There the linear
 output (speech whole) replaces AEC3's (speech ducked), and a chunk that passed
 all three tests and left +5 dB over the estimate holds that for 150 ms: speech
-is continuous, the tests are not, and the VAD needs whole syllables. The hold
-ends at a chunk with echo that the filter takes 10 dB off and that fails
-Geigel's test (the echo alone): a word onset after a short pause that the
-uplink's Opus coding garbled (the filter's estimate 6-8 dB short of it; -25 dB
-left without the codec) passed the tests and held talk on over the next word's
-echo, 15 dB off, and the VAD took it for speech (bench stall-room-v2 seed 0).
+is continuous, the tests are not, and the VAD needs whole syllables.
 
 The echo moves against the filter where the device's playback moves against
 our model (a filter a few ms off leaves the echo whole, and it passes test
@@ -302,9 +297,7 @@ class LinearStage:
             if self._fresh is not None:
                 alone[:] = False
             talk &= louder
-        # ... but only talk that passed it holds talk on, until the echo alone (see the module doc)
-        cancelled = (left < echo * CONVERGED_SHARE) & ~louder & (echo > ECHO_FLOOR_RMS**2)
-        talk = self._hold_on(talk, strong, cancelled) | alone
+        talk = self._hold_on(talk, strong) | alone  # ... but only talk that passed it holds talk on
         self._last_gain, self._last_talk = gain, talk
         with_echo = (echo > ECHO_FLOOR_RMS**2) & ~talk  # the user's speech says nothing of the filter
         evidence = with_echo.copy()
@@ -375,18 +368,15 @@ class LinearStage:
         """Talk found so far holds no more chunks on (`_hold_on`)."""
         self._hold = 0
 
-    def _hold_on(self, talk: np.ndarray, strong: np.ndarray, cancelled: np.ndarray) -> np.ndarray:
+    def _hold_on(self, talk: np.ndarray, strong: np.ndarray) -> np.ndarray:
         """A talk chunk that left well above the echo holds talk for HOLD_CHUNKS: speech is
         continuous, the tests are not (a syllable's quiet parts, the echo's loud ones), and the
         VAD needs whole syllables. Weak ones do not: a filter the echo has slipped away from a
-        little (timing jitter) leaves about as much as the echo, at times taken for talk. A
-        `cancelled` chunk (the echo alone, see the module doc) ends the hold."""
+        little (timing jitter) leaves about as much as the echo, at times taken for talk."""
         held = talk.copy()
         for k in range(talk.size):
             if talk[k] and strong[k]:
                 self._hold = HOLD_CHUNKS
-            elif cancelled[k]:
-                self._hold = 0
             elif self._hold:
                 self._hold -= 1
                 held[k] = True
