@@ -80,6 +80,24 @@ TALKER = stall_trial(
     rir_ms=283.8123, rt60_ms=310.1003, drr_db=0.1785, path_seed=78110744, seed=209187300,
 )  # fmt: skip
 
+# the user talks 3.19 s into the reply, just after the stall while the device is still silent: the
+# stage waited for the echo's move and the resume guard muted the first word (found 0.84 s late;
+# bench stall-plain-v1 seed 0, barge-in 15)
+SILENT_DEVICE = stall_trial(
+    gain_db=-1.8757, start_frames=2, lead_frames=8, down_ms=13.8510, burst_ms=121.1281, up_ms=24.0652,
+    drift_ppm=-257.5176, stall_ms=576.8849, stall_at_s=3.1373, lead_in_ms=1267.7187, path_delay_ms=10.8639,
+    rir_ms=255.8556, rt60_ms=359.2304, drr_db=5.1911, path_seed=433528406, seed=225499113,
+)  # fmt: skip
+
+# the stage, moved, ran again over the frames it had waited on; talk it found there in its first
+# chunks (SpeexDSP's reference history still the old alignment's) held on over the echo after them:
+# a false barge-in at 5.5 s (bench stall-plain-v1 seed 0, barge-in 8, before the user spoke)
+HELD_ON = stall_trial(
+    gain_db=-2.3697, start_frames=3, lead_frames=4, down_ms=8.7062, burst_ms=127.7254, up_ms=19.7612,
+    drift_ppm=35.6057, stall_ms=423.6525, stall_at_s=3.6735, lead_in_ms=1262.3311, path_delay_ms=19.8393,
+    rir_ms=395.1573, rt60_ms=320.7252, drr_db=6.6373, path_seed=723212045, seed=127778455,
+)  # fmt: skip
+
 
 @pytest.mark.parametrize(
     ("trial", "texts", "voice"),
@@ -88,8 +106,9 @@ TALKER = stall_trial(
         (SOONER, [ROBOT, WEATHER, RAIN], "en"),
         (STAMPED, [STORY, WEATHER, ROBOT], "en-us"),
         (ONSETS, [WEATHER, STORY, RAIN], "en-us"),
+        (HELD_ON, [BIRDS, WEATHER, ROBOT], "en"),
     ],
-    ids=["echo-later", "echo-sooner", "v2-stamps-lag", "onsets-after-the-move"],
+    ids=["echo-later", "echo-sooner", "v2-stamps-lag", "onsets-after-the-move", "talk-held-after-the-move"],
 )
 def test_a_stall_in_the_reply_is_no_barge_in(trial, texts, voice, caplog):
     caplog.set_level(logging.DEBUG, logger="gateway.aec")
@@ -121,3 +140,15 @@ def test_a_measured_move_moves_aec3s_reference_with_v2_timestamps():
     alignment.follow(209.0)  # the echo came back 51 ms sooner
     alignment.note_stamp(2000.0, 2000 - 111)
     assert alignment.offset_ms == pytest.approx(89.0)  # AEC3 keeps its 120 ms lag
+
+
+def test_a_barge_in_while_the_device_is_still_silent_after_a_stall_is_found_in_time():
+    near = utterance("Stop, tell me the time instead.", lead_s=0.0, tail_s=0.0).pcm
+    result = simulate_device(
+        reply([RAIN, WEATHER, STORY], "en-gb"), SILENT_DEVICE, near=near, near_at_s=3.1941
+    )
+    assert result.near_start_s is not None
+    found = onsets(result.out)
+    assert found and all(t >= result.near_start_s for t in found)
+    # real figure 0.3 s (bench); while the stage waited for the echo's move, 0.84 s
+    assert found[0] - result.near_start_s < 0.45

@@ -13,8 +13,13 @@ ones from AEC3 re-aligned). A proven stage now waits at the resume instead
 while shift.ShiftFinder measures the echo's move from the stage's own echo path
 (~100-250 ms of echo after it, with the user talking or not); the stage then
 moves by it (to a sixteenth of a sample), keeps its evidence, and runs once
-over the frames it waited on. Where the finder finds nothing (a filter that
-does not predict the echo, no clear peak) the slow path remains. The echo may
+over the frames it waited on (talk it finds in their first chunks, where
+SpeexDSP's reference history is still the old alignment's, holds on over no
+later frame). Where the finder finds nothing (a filter that does not predict
+the echo, no clear peak) the slow path remains. While the stage waits, the
+resume guard mutes what may be echo; what no move of the echo explains
+(ShiftFinder.unexplained: the user who talks while the device is still silent
+after the stall, or over the echo before its move is clear) passes whole. The echo may
 come back up to 250 ms sooner than the stage expects it, which to the stage is
 talk: before the resume, new talk that the echo path could make of what plays
 after it (Geigel's bound) is muted (`_before_resume`).
@@ -136,7 +141,10 @@ class ResumeHandling:
         mic = self._recent.between(finder.start_ms, end_ms, (capture_ms, pcm))
         shift = None if mic is None else finder.find(mic)
         if shift is None and end_ms < finder.echo_ms + MAX_SHIFT_MS + SHIFT_GIVE_UP_S * 1000:
-            return None
+            # the stage waits; what no move of the echo explains is the user's, whole (else the resume
+            # guard mutes it until the move is measured)
+            talk = np.zeros(0, bool) if mic is None else finder.unexplained(mic, pcm.size // CHUNK)
+            return (pcm.copy(), talk) if talk.any() else None
         self._finder = None
         if shift is not None:
             self._move = (finder.resumed_ms, stage.delay_ms)
@@ -154,7 +162,13 @@ class ResumeHandling:
         frames = [(c, p) for c, p in self._recent if c >= self._waiting_from_ms] + [(capture_ms, pcm)]
         # once: run again over the same frames, SpeexDSP's filter (its reference history broken
         # between passes) took talk for echo after the move (bench: stall-plain-v1 seed 2)
-        for frame_ms, frame in frames:
+        for k, (frame_ms, frame) in enumerate(frames):
+            if k == len(frames) - 1 and not self._talking:
+                # the frames it waited on are sent already; talk it found there (its first chunks
+                # after the move, SpeexDSP's reference history still the old alignment's) must not
+                # hold on over this frame's echo (bench stall-plain-v1 seed 0 barge-in 8: the echo
+                # passed, 10 dB off, for 120 ms after the move and the VAD took it for speech)
+                stage.release_hold()
             ran = stage.run(frame, self._stage_reference(frame_ms, frame.size))
         return ran
 

@@ -23,6 +23,16 @@ the whitened correlation's peak must stand out (MIN_CONFIDENCE) and no other
 move may come close (RUNNER_UP). ~100-250 ms of echo after the resume are
 enough, with the user talking over it.
 
+Until then the stage waits and the resume guard mutes what may be echo; a
+user who talked right after the resume, the device still silent, was muted
+until the move was measured (found up to 0.84 s late). `unexplained` says
+which chunks no move of the echo explains: the prediction (of what played from
+BEFORE_MS before the resume on: where the device ran dry before we expected,
+the end of what played before the resume moves too) at every move from
+MIN_SHIFT_MS on, scaled within GAIN_RANGE, leaves more than half of a 30 ms
+window of uplink. The echo at its move leaves ~-15 dB; speech over silence or
+over the echo leaves most of itself. Those chunks pass whole.
+
 Hand-written on numpy's FFT: neither library measures a move of its own
 filter (AEC3 re-searches its delay over seconds, SpeexDSP has no delay search).
 """
@@ -50,6 +60,12 @@ CHUNK = 160  # ... judged by 10 ms chunk:
 MIN_CALIBRATION_CHUNKS = 20  # ... at least this many with echo predicted (over ECHO_FLOOR_RMS)
 OUTLIER = 0.5  # ... of which a chunk the prediction leaves over half of is the user's (left out)
 KEPT_SHARE = 0.5  # ... and at least this share must be the echo alone
+# while the move is not measured, a window of uplink that the prediction at every move leaves more than
+# this share of (-3 dB; the echo alone at its move: ~-15 dB, Opus) is the user's (`unexplained`) ...
+UNEXPLAINED = 0.5
+EXPLAIN_CHUNKS = 3  # ... judged over this many 10 ms chunks (one chunk of speech may match by chance)
+TALK_FLOOR_RMS = 100.0  # ... where the uplink is this loud (-50 dBFS)
+BEFORE_MS = 300.0  # ... the echo of what played this long before the resume moved with it
 
 
 class ShiftFinder:
@@ -121,18 +137,7 @@ class ShiftFinder:
         if self._scale is None or mic.size < int((MIN_ECHO_MS - MIN_SHIFT_MS) * SAMPLES_PER_MS):
             return None
         n = mic.size
-        response = self._response * self._scale
-        played = self._read(self.resumed_ms, n).astype(np.float64)  # what followed the resume
-        q = _convolve(played, response)[:n]  # its echo, had it not moved
-        # less the echo of what played before the resume, which did not move (the uplink from
-        # start_ms on hears it up to the filter's span later)
-        before_ms = self.start_ms - self.delay_ms + self._lead_ms - self._span_ms()
-        before = self._read(before_ms, n + self._taps)
-        before[min(max(int(round((self.resumed_ms - before_ms) * SAMPLES_PER_MS)), 0), before.size) :] = 0
-        m = (
-            mic.astype(np.float64)
-            - _convolve(before.astype(np.float64), response)[self._taps : self._taps + n]
-        )
+        m, q = self._apart(mic)
         # moves whose echo the uplink covers for MIN_ECHO_MS so far
         lags = min(int((MAX_SHIFT_MS - MIN_SHIFT_MS) * SAMPLES_PER_MS), n - int(MIN_ECHO_MS * SAMPLES_PER_MS))
         size = 1 << int(np.ceil(np.log2(2 * n)))
@@ -160,6 +165,74 @@ class ShiftFinder:
             return None
         self.shift_ms = MIN_SHIFT_MS + (j + _fraction(spectrum, size, j)) / SAMPLES_PER_MS
         return self.shift_ms
+
+    def _apart(self, mic: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The uplink from `start_ms` on less the echo of what played before the resume (which did
+        not move), and the echo of what played after it, had it not moved (the calibrated filter's
+        prediction from the resume on)."""
+        n = mic.size
+        assert self._scale is not None
+        response = self._response * self._scale
+        played = self._read(self.resumed_ms, n).astype(np.float64)  # what followed the resume
+        q = _convolve(played, response)[:n]  # its echo, had it not moved
+        # less the echo of what played before the resume, which did not move (the uplink from
+        # start_ms on hears it up to the filter's span later)
+        before_ms = self.start_ms - self.delay_ms + self._lead_ms - self._span_ms()
+        before = self._read(before_ms, n + self._taps)
+        before[min(max(int(round((self.resumed_ms - before_ms) * SAMPLES_PER_MS)), 0), before.size) :] = 0
+        m = (
+            mic.astype(np.float64)
+            - _convolve(before.astype(np.float64), response)[self._taps : self._taps + n]
+        )
+        return m, q
+
+    def unexplained(self, mic: np.ndarray, chunks: int) -> np.ndarray:
+        """While the move is not measured yet: which of the last `chunks` 10 ms chunks of `mic` (the
+        uplink from `start_ms` on) no move of the echo (of what played from BEFORE_MS before the
+        resume on), from MIN_SHIFT_MS to however late, nor the echo unmoved, explains:
+        over the chunk and the EXPLAIN_CHUNKS - 1 before it, the prediction moved by any of them and
+        scaled within GAIN_RANGE leaves more than UNEXPLAINED of the uplink, which is loud
+        (TALK_FLOOR_RMS). That is the user's speech (the echo, wherever it comes back, is what the
+        filter predicts: ~-15 dB left), and the resume guard must not mute it: the user who talks
+        right after a resume, while the device is still silent or before the move is clear, was
+        found up to 0.8 s late (bench stall-plain-v1 seed 0).
+
+        Hand-written on numpy's FFT (one correlation per chunk against the prediction at every
+        move): neither library explains a chunk by a moved echo path."""
+        out = np.zeros(chunks, bool)
+        if self._scale is None or mic.size < chunks * CHUNK:
+            return out
+        # the echo of what played from BEFORE_MS before the resume on, moved as a whole: what played
+        # after the resume moved, but so may the end of what played before it, where the device ran
+        # dry before we expected it (bench stall-plain-v1 seed 2: that end, moved, was not the echo
+        # of what played after the resume at any move, and passed as talk)
+        before = int(BEFORE_MS * SAMPLES_PER_MS)
+        played = self._read(self.resumed_ms - BEFORE_MS - self._span_ms(), mic.size + before + self._taps)
+        q = _convolve(played.astype(np.float64), self._response * self._scale)[self._taps :]
+        m = np.concatenate([np.zeros(before), mic.astype(np.float64)])  # the same time axis as q
+        span = EXPLAIN_CHUNKS * CHUNK
+        # every move from MIN_SHIFT_MS on whose echo reaches the last chunk: q moved by j samples
+        size = 1 << int(np.ceil(np.log2(m.size + span)))  # no wrap-around: moves past the start see zeros
+        q_spectrum = np.fft.rfft(q, size)
+        q_energy = np.concatenate([[0.0], np.cumsum(q**2)])
+        for c in range(chunks):
+            end = m.size - (chunks - 1 - c) * CHUNK
+            start = max(end - span, 0)
+            w = m[start:end]
+            power = float(np.dot(w, w))
+            if power < TALK_FLOOR_RMS**2 * w.size:
+                continue
+            # cross[j] = sum_i w[i] q[start + i - j]: the window against the echo moved j samples on
+            # from MIN_SHIFT_MS, for every move whose echo has begun by the window's end
+            full = np.fft.irfft(q_spectrum * np.conj(np.fft.rfft(w, size)), size)
+            j = np.arange(end)
+            cross = full[(start - j) % size]
+            lo, hi = np.clip(start - j, 0, q.size), np.clip(end - j, 0, q.size)
+            energy = q_energy[hi] - q_energy[lo]
+            gain = np.clip(cross / np.maximum(energy, 1e-9), *GAIN_RANGE)
+            left = power - 2 * gain * cross + gain**2 * energy
+            out[c] = float(left.min()) > UNEXPLAINED * power
+        return out
 
     @property
     def _taps(self) -> int:
