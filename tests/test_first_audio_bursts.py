@@ -136,11 +136,11 @@ def test_on_a_cpu_an_opening_hop_goes_out_before_the_urgent_groups_other_rows(
     model: CosyVoice3, voices: VoiceStore, alone: bool
 ) -> None:
     """A flow call on a CPU costs in proportion to its rows, so a waiting listener's opening hop runs in a
-    call of its own and its audio is handed out before the other urgent rows run (``openings_alone``, set
+    call of its own and its audio is handed out before the other urgent rows run (``rows_cost``, set
     by the backend for a CPU device); without it, the group is one call and one hand-out."""
     backend = make_backend(model, voices, burst=32)
-    assert backend.stepper.openings_alone  # the tests run on a CPU
-    backend.stepper.openings_alone = alone
+    assert backend.stepper.rows_cost  # the tests run on a CPU
+    backend.stepper.rows_cost = alone
     playing, newcomer = (backend.open_stream(t, "default", 1.0) for t in (PLAYING[0], NEWCOMER))
     urgent = StepBudget(lanes=(Lane.URGENT,))
     while not backend.step([playing], urgent)[0].size:  # its opening hop
@@ -162,4 +162,50 @@ def test_on_a_cpu_an_opening_hop_goes_out_before_the_urgent_groups_other_rows(
         assert handouts == [[0, 1]]
         assert backend.step_stats()["openings_alone"] == 0
     for stream in (playing, newcomer):
+        stream.close()
+
+
+def _samples(out: object) -> int:
+    assert not isinstance(out, BaseException), out
+    return 0 if out is None else int(np.asarray(out).size)
+
+
+@pytest.mark.parametrize("rows_cost", [True, False])
+def test_on_a_cpu_a_new_request_ends_the_comfortable_hops_between_two_rows(
+    model: CosyVoice3, voices: VoiceStore, rows_cost: bool
+) -> None:
+    """With ``rows_cost`` (a CPU) the comfortable group's hops run a row a call and a request that arrives
+    meanwhile ends them between two calls (the rest wait a step); in one batch they all run."""
+    backend = make_backend(model, voices, burst=32)
+    backend.stepper.rows_cost = rows_cost
+    streams = [backend.open_stream(t, "default", 1.0) for t in PLAYING]
+    both = StepBudget(lanes=(Lane.URGENT, Lane.URGENT))
+    started = [False, False]
+    for _ in range(50):  # both openings
+        out = backend.step(streams, both)
+        started = [s or _samples(o) > 0 for s, o in zip(started, out, strict=True)]
+        if all(started):
+            break
+    comfortable = StepBudget(lanes=(Lane.COMFORTABLE, Lane.COMFORTABLE))
+    for _ in range(300):  # until both next hops' tokens are there
+        for stream in streams:
+            stream.feed_tokens()
+        if all(stream.next_job() is not None for stream in streams):
+            break
+        backend.step(streams, StepBudget(lanes=(Lane.DEFERRED, Lane.DEFERRED)))  # tokens only
+    assert all(stream.next_job() is not None for stream in streams)
+    answers = iter([False, False])  # no request yet after the urgent group nor before the comfortable one
+
+    def arrived() -> bool:
+        return next(answers, True)  # ... then one arrives
+
+    yielded = backend.step_stats()["steps_yielded"]
+    out = backend.step(streams, comfortable, None, arrived)
+    sizes = [_samples(o) for o in out]
+    if rows_cost:
+        assert sizes[0] > 0 and sizes[1] == 0  # the first row's hop ran; the second waits for the next step
+        assert backend.step_stats()["steps_yielded"] == yielded + 1 and streams[1].next_job() is not None
+    else:
+        assert sizes[0] > 0 and sizes[1] > 0
+    for stream in streams:
         stream.close()

@@ -201,9 +201,9 @@ class CosyVoiceBackend(Backend):
             from cosyvoice.token2wav.compile import compile_token2wav
 
             self.compiled = compile_token2wav(model.token2wav, backend="inductor")
-        # a CPU's flow call costs in proportion to its rows: openings in calls of their own (BatchedStep)
-        openings_alone = self.device.type == "cpu"
-        self.stepper = BatchedStep(self.runner, model.token2wav, order=step_order, openings_alone=openings_alone)
+        # a CPU's flow call costs in proportion to its rows: openings alone, comfortable hops a row a call
+        rows_cost = self.device.type == "cpu"
+        self.stepper = BatchedStep(self.runner, model.token2wav, order=step_order, rows_cost=rows_cost)
         self._limits = BackendLimits(
             max_streams=max_batch_size,
             max_batch_size=max_batch_size,

@@ -16,7 +16,7 @@ Step order (``order``): ``"slack"`` (the default) orders the step by the budget'
 (tts_engine/budget.py): decode bursts for every stream waiting for an opening hop and every urgent one
 whose next hop lacks tokens (``_decode_burst``); then every opening hop and the urgent streams' hops in
 one group, whose audio is handed out (``emit``) at once (on a CPU each opening hop in a call of its own,
-its audio out before the group's other rows run: ``openings_alone``); then, unless a request arrived meanwhile
+its audio out before the group's other rows run: ``rows_cost``); then, unless a request arrived meanwhile
 (``should_yield``: the rest waits a step), the short lane's tokens and hops; then the later hops and
 closing passes of streams with a comfortable lead (exact closing passes a few Euler steps a step); then
 an LLM catch-up for every running LLM (``_catch_up``). While another listener waits for first audio,
@@ -74,7 +74,7 @@ class BatchedStep(LLMStepping):
         *,
         order: str = "slack",
         decode_burst: int = DECODE_BURST,
-        openings_alone: bool = False,
+        rows_cost: bool = False,
     ) -> None:
         if order not in STEP_ORDERS:
             raise ValueError(f"step order must be one of {', '.join(STEP_ORDERS)}, got {order!r}")
@@ -94,13 +94,14 @@ class BatchedStep(LLMStepping):
         self.num_burst_rows = 0  # ... and their rows
         self.num_catch_up_decodes = 0  # decode iterations run by _catch_up
         self.num_yields = 0  # steps ended after their urgent audio for a request that arrived meanwhile
-        # Slack order: each opening hop of the urgent group in a call of its own, its audio out before the
-        # group's other rows run. For devices where a flow call costs in proportion to its rows (a CPU: tiny
-        # preset, 1 thread, one opening 44.9 ms, two together 77.9 ms), so a waiting listener is not kept
-        # behind the others' rows; on a GPU a call's fixed cost dominates (an eager hop of one row: 213 ms
+        # A flow call costs in proportion to its rows (a CPU: tiny preset, 1 thread, one opening 44.9 ms, two
+        # together 77.9 ms). Then, in the slack order, each opening hop of the urgent group runs in a call
+        # of its own, its audio out before the group's other rows run, and the comfortable group's hops
+        # run a row a call, a new request ending them between two calls: a waiting listener is kept
+        # behind no one else's rows. On a GPU a call's fixed cost dominates (an eager one-row hop: 213 ms
         # on an H200) and one batch serves everyone sooner. The backend sets it by device.
-        self.openings_alone = openings_alone
-        self.num_openings_alone = 0  # opening hops run in a call of their own (openings_alone)
+        self.rows_cost = rows_cost
+        self.num_openings_alone = 0  # opening hops run in a call of their own (rows_cost)
 
     def run(
         self,
@@ -167,7 +168,7 @@ class BatchedStep(LLMStepping):
             self.num_yields += 1
             return chunks
         second, rows = self._take(second, rows)
-        chunks.update(self._wave_group(second, errors, whole=0, stop=yielding))
+        chunks.update(self._wave_group(second, errors, whole=0, stop=yielding, row_calls=self.rows_cost))
         if bursts and not yielding():
             started = time.perf_counter()
             self._catch_up(
@@ -179,10 +180,10 @@ class BatchedStep(LLMStepping):
     def _urgent_calls(
         self, first: list[tuple[CosyVoiceStream, HopJob]]
     ) -> list[list[tuple[CosyVoiceStream, HopJob]]]:
-        """The urgent group's flow calls: one batch; or, with ``openings_alone``, in rank order (least
+        """The urgent group's flow calls: one batch; or, with ``rows_cost``, in rank order (least
         slack first), each opening hop (the first audio of a waiting listener) in a call of its own and the
         other rows between two openings batched together."""
-        if not self.openings_alone or sum(job.token_offset == 0 for _, job in first) == 0 or len(first) < 2:
+        if not self.rows_cost or sum(job.token_offset == 0 for _, job in first) == 0 or len(first) < 2:
             return [first]
         calls: list[list[tuple[CosyVoiceStream, HopJob]]] = []
         batch: list[tuple[CosyVoiceStream, HopJob]] = []
@@ -284,11 +285,13 @@ class BatchedStep(LLMStepping):
         *,
         whole: int | None,
         stop: Callable[[], bool] = _never,
+        row_calls: bool = False,
     ) -> Chunks:
         """One group of the slack order: its hops and the first ``whole`` of its exact closing calls (None:
-        all) in one batch; the other closing calls on their own, ``CLOSING_SLICE`` Euler steps a step
-        (their audio once the last one ran), as is one already begun that way; a true ``stop()`` before
-        a slice leaves it and the rest for the next step."""
+        all) in one batch (``row_calls``: a call each); the other closing calls on their own,
+        ``CLOSING_SLICE`` Euler steps a step (their audio once the last one ran), as is one already begun
+        that way; a true ``stop()`` before a slice or a row's call leaves it and the rest for the next
+        step."""
         batched = [(stream, job) for stream, job in jobs if not job.finalize or job.streaming]
         sliced: list[tuple[CosyVoiceStream, HopJob, int | None]] = []
         closing = [(stream, job) for stream, job in jobs if job.finalize and not job.streaming]
@@ -298,7 +301,15 @@ class BatchedStep(LLMStepping):
                 batched.append((stream, job))  # whole and not begun: in the batch, as the together order runs it
             else:
                 sliced.append((stream, job, None if runs_whole else CLOSING_SLICE))
-        chunks = self._wave_step(batched, errors)
+        if not row_calls:
+            chunks = self._wave_step(batched, errors)
+        else:
+            chunks = {}
+            for k, row in enumerate(batched):
+                if k and stop():
+                    self.num_yields += 1
+                    return chunks  # a request arrived: the other rows and the slices wait for the next step
+                chunks.update(self._wave_step([row], errors))
         for stream, job, steps in sliced:
             if steps is not None and stop():
                 self.num_yields += 1
