@@ -18,7 +18,8 @@ whose next hop lacks tokens (``_decode_burst``); then every opening hop and the 
 one group, whose audio is handed out (``emit``) at once (on a CPU each opening hop in a call of its own,
 its audio out before the group's other rows run: ``rows_cost``); then, unless a request arrived meanwhile
 (``should_yield``: the rest waits a step), the short lane's tokens and hops; then the later hops and
-closing passes of streams with a comfortable lead (exact closing passes a few Euler steps a step); then
+closing passes of streams with a comfortable lead (exact closing passes a few Euler steps a step; with
+``rows_cost`` the hops a row a call, a new request ending them between two calls); then
 an LLM catch-up for every running LLM (``_catch_up``). While another listener waits for first audio,
 the comfortable work (and all of a batch stream's hops) waits for a later step instead. ``"together"``
 is the order before: one token a step, one batch of every ready hop, its audio handed out when the step
