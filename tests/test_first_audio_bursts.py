@@ -18,6 +18,7 @@ from scripts.make_tiny_model import make_model_dir
 from tests.test_backend_cosyvoice import prompt_wav
 from tts_engine import TTSEngine
 from tts_engine.backends.cosyvoice import CosyVoiceBackend
+from tts_engine.backends.cosyvoice.request import CosyVoiceStream
 from tts_engine.budget import Lane, StepBudget
 from tts_engine.request import EngineRequest
 
@@ -47,6 +48,21 @@ def make_backend(model: CosyVoice3, voices: VoiceStore, burst: int) -> CosyVoice
     for preset in voices.presets():
         backend.add_voice(preset)
     return backend
+
+
+def playing_and_newcomer(backend: CosyVoiceBackend) -> tuple[CosyVoiceStream, CosyVoiceStream]:
+    """A stream past its opening hop whose next hop's tokens are there, and a newcomer not yet stepped."""
+    playing, newcomer = (backend.open_stream(t, "default", 1.0) for t in (PLAYING[0], NEWCOMER))
+    urgent = StepBudget(lanes=(Lane.URGENT,))
+    while not backend.step([playing], urgent)[0].size:  # its opening hop (audio: a tensor; none: empty)
+        pass
+    for _ in range(200):  # until its next hop's tokens are there
+        playing.feed_tokens()
+        if playing.next_job() is not None:
+            break
+        backend.step([playing], StepBudget(lanes=(Lane.COMFORTABLE,)))
+    assert playing.next_job() is not None
+    return playing, newcomer
 
 
 async def read_all(stream) -> np.ndarray:
@@ -94,16 +110,7 @@ def test_a_step_asked_to_yield_leaves_the_short_lane_for_the_next_step(
     model: CosyVoice3, voices: VoiceStore
 ) -> None:
     backend = make_backend(model, voices, burst=32)
-    playing, newcomer = (backend.open_stream(t, "default", 1.0) for t in (PLAYING[0], NEWCOMER))
-    urgent = StepBudget(lanes=(Lane.URGENT,))
-    while not (out := backend.step([playing], urgent))[0].size:  # its opening hop
-        pass
-    for _ in range(200):  # until its next hop's tokens are there
-        playing.feed_tokens()
-        if playing.next_job() is not None:
-            break
-        backend.step([playing], StepBudget(lanes=(Lane.COMFORTABLE,)))
-    assert playing.next_job() is not None
+    playing, newcomer = playing_and_newcomer(backend)
     early: list[int] = []
     lanes = StepBudget(lanes=(Lane.SHORT, Lane.URGENT))
     out = backend.step([playing, newcomer], lanes, lambda items: early.extend(i for i, _ in items), lambda: True)
@@ -141,16 +148,7 @@ def test_on_a_cpu_an_opening_hop_goes_out_before_the_urgent_groups_other_rows(
     backend = make_backend(model, voices, burst=32)
     assert backend.stepper.rows_cost  # the tests run on a CPU
     backend.stepper.rows_cost = alone
-    playing, newcomer = (backend.open_stream(t, "default", 1.0) for t in (PLAYING[0], NEWCOMER))
-    urgent = StepBudget(lanes=(Lane.URGENT,))
-    while not backend.step([playing], urgent)[0].size:  # its opening hop
-        pass
-    for _ in range(200):  # until its next hop's tokens are there
-        playing.feed_tokens()
-        if playing.next_job() is not None:
-            break
-        backend.step([playing], StepBudget(lanes=(Lane.COMFORTABLE,)))
-    assert playing.next_job() is not None
+    playing, newcomer = playing_and_newcomer(backend)
     handouts: list[list[int]] = []
     lanes = StepBudget(lanes=(Lane.URGENT, Lane.URGENT))
     # the newcomer ranks first (nothing plays for it: no slack), as the scheduler ranks it

@@ -184,7 +184,7 @@ class BatchedStep(LLMStepping):
         """The urgent group's flow calls: one batch; or, with ``rows_cost``, in rank order (least
         slack first), each opening hop (the first audio of a waiting listener) in a call of its own and the
         other rows between two openings batched together."""
-        if not self.rows_cost or sum(job.token_offset == 0 for _, job in first) == 0 or len(first) < 2:
+        if not self.rows_cost or len(first) < 2 or not any(job.token_offset == 0 for _, job in first):
             return [first]
         calls: list[list[tuple[CosyVoiceStream, HopJob]]] = []
         batch: list[tuple[CosyVoiceStream, HopJob]] = []
