@@ -10,6 +10,7 @@ connection stays up for the next hello.
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import httpx
@@ -102,11 +103,33 @@ async def test_a_firmware_like_device_holds_a_text_turn_and_closes_with_goodbye(
         assert session.listener.bad_packets == 0
 
 
+def record_sends(transport: Any) -> list[str]:
+    """What the server sends on an MQTT session's transport, in its order: "audio" for each UDP
+    datagram, the JSON type (and state) of each message. The UDP and MQTT paths are two sockets, so
+    the device may read a datagram of a burst after a message sent later; only the server's order
+    says what was sent after what."""
+    sent: list[str] = []
+    send_audio, send_text = transport.send_audio, transport.send_text
+
+    def audio(packet: AudioOut) -> None:
+        sent.append("audio")
+        send_audio(packet)
+
+    async def text(data: str) -> None:
+        message = json.loads(data)
+        sent.append(" ".join(str(message[k]) for k in ("type", "state") if k in message))
+        await send_text(data)
+
+    transport.send_audio, transport.send_text = audio, text
+    return sent
+
+
 async def test_abort_mid_reply_ends_it_with_one_tts_stop():
     backend = FakeBackend(ms_per_char=60.0)  # a long reply
     async with running_gateway(mqtt_config(), backend=backend) as gw:
         sim = MqttDeviceSimulator(gw.url)
         await sim.connect()
+        sent = record_sends(gw.services.sessions[sim.device_id].datagrams)
         await sim.listen_start("auto")
         await sim.detect("Tell me a long story about the sea and the wind and the boats.")
         await sim.next_event(AudioOut, timeout=10)
@@ -115,7 +138,13 @@ async def test_abort_mid_reply_ends_it_with_one_tts_stop():
         await asyncio.sleep(0.5)
         later = sim.drain()
         await sim.close()
-    assert not [r for r in later if isinstance(r.event, AudioOut | TtsStop) and r.t > end.t]
+    assert sent.count("tts stop") == 1
+    stop = sent.index("tts stop")
+    assert "audio" in sent[:stop] and "audio" not in sent[stop:]  # nothing sent after the stop
+    assert not [r for r in later if isinstance(r.event, TtsStop)]
+    # what the device read after the stop are datagrams of the last burst, sent before it
+    late = [r for r in later if isinstance(r.event, AudioOut) and r.t > end.t]
+    assert len(late) < sent[:stop].count("audio")
 
 
 async def test_a_spoken_turn_over_udp_is_recognised_and_answered(monkeypatch):
