@@ -6,12 +6,12 @@ resume batch streams -> backend within the plan's budget -> drain aborts -> upda
 post-processing -> delivery) and has the one way out (``_finish_requests``). A backend that
 ``splits_steps`` hands the audio of a step's urgent lane out mid-step (``on_chunks``): it is
 post-processed and delivered at once, before the rest of the step's work runs; and it leaves that rest
-for the next step when a new request has arrived meanwhile (``should_yield``). Its public methods (``submit``, ``abort``, ``resume``, ``call``,
-``shutdown``) may be called from any thread: they only put a command in the inbox (its commands:
-tts_engine/engine_inbox.py). Results reach the
-event loop only through ``loop.call_soon_threadsafe``: chunks and ends go to each request's
-``SynthesisStream``, a ``call``'s outcome to ``on_call_done`` and the thread's end to ``on_stopped``
-(both given by the owner, ``TTSEngine`` in tts_engine/engine.py, which is the event-loop API).
+for the next step when a newcomer it can admit has arrived meanwhile (``should_yield``). Its public
+methods (``submit``, ``abort``, ``resume``, ``call``, ``shutdown``) may be called from any thread: they
+only put a command in the inbox (its commands: tts_engine/engine_inbox.py). Results reach the event loop
+only through ``loop.call_soon_threadsafe``: chunks and ends go to each request's ``SynthesisStream``, a
+``call``'s outcome to ``on_call_done`` and the thread's end to ``on_stopped`` (both given by the owner,
+``TTSEngine`` in tts_engine/engine.py, which is the event-loop API).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ from tts_engine.errors import EngineError, EngineOverloaded, SynthesisFailed
 from tts_engine.postprocess import postprocess_chunks
 from tts_engine.request import EngineRequest, RequestStatus
 from tts_engine.resample import StreamingResampler
-from tts_engine.scheduler import Scheduler, StepPlan
+from tts_engine.scheduler import Scheduler
+from tts_engine.step_plan import StepPlan
 
 logger = logging.getLogger("tts_engine.engine")
 
@@ -95,9 +96,9 @@ class EngineLoop:
         # when the step under way began (time.monotonic()); None between steps. Read from the loop: a
         # step that runs far longer than any should is a stuck engine (the worker's watchdog, issue 23)
         self.step_started: float | None = None
-        # set by submit (any thread) once a new request is in the inbox; cleared when the inbox is read. A
-        # backend that splits its steps ends a step early on it (after the step's urgent audio), so a
-        # newcomer's first audio does not wait for work that can wait
+        # set by submit (any thread) once a device or interactive request is in the inbox; cleared when the
+        # inbox is read. A backend that splits its steps ends a step early (after its urgent audio) for
+        # one the next step can admit (``_newcomer_waits``): its first audio waits for no work that can
         self._arrivals = threading.Event()
 
     # -- any thread ----------------------------------------------------------------------------------
@@ -130,7 +131,8 @@ class EngineLoop:
         """Hand several requests over as one command: the step that admits one admits them all."""
         if requests:
             self._inbox.put(NewRequests(tuple(requests)))
-            self._arrivals.set()
+            if any(not request.is_batch for request in requests):
+                self._arrivals.set()
 
     def abort(self, req_id: str) -> None:
         self._inbox.put(Abort(req_id))
@@ -179,6 +181,11 @@ class EngineLoop:
             except _LoopGone:
                 pass  # nobody is waiting
 
+    def _newcomer_waits(self) -> bool:
+        """A device or interactive request arrived and the next step can admit it (ending a step early
+        for one that must queue anyway would only delay the work it left)."""
+        return self._arrivals.is_set() and self.scheduler.has_room_for_newcomer()
+
     def _process_inbox(self, *, block: bool, timeout: float | None = None) -> None:
         """Apply every command in the inbox, first waiting for one (at most ``timeout`` s) if ``block``."""
         self._arrivals.clear()
@@ -186,6 +193,7 @@ class EngineLoop:
             command = self._inbox.get(timeout=timeout) if block else self._inbox.get_nowait()
         except queue.Empty:
             return
+        self._arrivals.clear()  # the request that ended a blocking wait is read now, not a newcomer
         while True:
             if isinstance(command, Shutdown):
                 self._is_shutting_down = True
@@ -260,7 +268,7 @@ class EngineLoop:
                         streams,
                         budget,
                         on_chunks=lambda items: self._deliver_early(plan, items),
-                        should_yield=self._arrivals.is_set,
+                        should_yield=self._newcomer_waits,
                     )
                 )
             elif budget.is_capped:

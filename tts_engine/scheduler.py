@@ -55,12 +55,12 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from tts_engine.budget import BackendLimits, Lane, StepBudget
 from tts_engine.interface import PRIORITIES
 from tts_engine.request import EngineRequest, RequestStatus
+from tts_engine.step_plan import StepPlan, StepResult
 
 logger = logging.getLogger(__name__)
 
@@ -71,31 +71,6 @@ MIN_CRITICAL_S = 0.2  # a playback lead below this is critical: its work runs wi
 CRITICAL_STEPS = 1.0  # ... and so is one below this many of the longest recent steps
 RUNNING_PER_UNIT = 4  # running requests at most this many times the capacity (those past it hold none)
 STEP_WINDOW = 32  # steps whose durations set that measure
-
-
-@dataclass(slots=True)
-class StepPlan:
-    """What one engine step does; every list is in run order."""
-
-    new_requests: list[EngineRequest] = field(default_factory=list)  # admitted now: open their streams
-    scheduled: list[EngineRequest] = field(default_factory=list)  # the batch: ranked, capped
-    timed_out_req_ids: list[str] = field(default_factory=list)  # waited past max_queue_wait_s
-    budget: StepBudget = field(default_factory=StepBudget)  # row caps and lanes the backend obeys
-    parked: list[EngineRequest] = field(default_factory=list)  # batch requests that give up their capacity
-    unparked: list[EngineRequest] = field(default_factory=list)  # parked ones that take it back
-
-    @property
-    def num_scheduled(self) -> int:
-        return len(self.scheduled)
-
-
-@dataclass(slots=True)
-class StepResult:
-    """One step's outputs sorted by what the engine must do with them (finished requests left out)."""
-
-    chunks: list[tuple[EngineRequest, Any]] = field(default_factory=list)  # audio to post-process
-    stopped: list[EngineRequest] = field(default_factory=list)  # the backend finished them: flush
-    failed: list[tuple[EngineRequest, BaseException]] = field(default_factory=list)
 
 
 class Scheduler:
@@ -166,6 +141,12 @@ class Scheduler:
         if self.capacity is None:
             return None
         return max(0, min(self.capacity - self.num_holding(), RUNNING_PER_UNIT * self.capacity - len(self.running)))
+
+    def has_room_for_newcomer(self) -> bool:
+        """A device or interactive request arriving now would be admitted at the next step: there is free
+        capacity beyond the higher-class requests already waiting, or a running batch request to park."""
+        free, waiting = self.num_free, sum(len(self._queues[name]) for name in PRIORITIES[:-1])
+        return free is None or free > waiting or self._park_candidate() is not None
 
     def has_work(self) -> bool:
         """A step now would do something: admit, park, resume, time out, or run a request."""
