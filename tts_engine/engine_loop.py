@@ -6,7 +6,7 @@ resume batch streams -> backend within the plan's budget -> drain aborts -> upda
 post-processing -> delivery) and has the one way out (``_finish_requests``). A backend that
 ``splits_steps`` hands the audio of a step's urgent lane out mid-step (``on_chunks``): it is
 post-processed and delivered at once, before the rest of the step's work runs; and it leaves that rest
-for the next step when a newcomer it can admit has arrived meanwhile (``should_yield``). Its public
+for the next step when a device or interactive request has arrived meanwhile (``should_yield``). Its public
 methods (``submit``, ``abort``, ``resume``, ``call``, ``shutdown``) may be called from any thread: they
 only put a command in the inbox (its commands: tts_engine/engine_inbox.py). Results reach the event loop
 only through ``loop.call_soon_threadsafe``: chunks and ends go to each request's ``SynthesisStream``, a
@@ -97,8 +97,8 @@ class EngineLoop:
         # step that runs far longer than any should is a stuck engine (the worker's watchdog, issue 23)
         self.step_started: float | None = None
         # set by submit (any thread) once a device or interactive request is in the inbox; cleared when the
-        # inbox is read. A backend that splits its steps ends a step early (after its urgent audio) for
-        # one the next step can admit (``_newcomer_waits``): its first audio waits for no work that can
+        # inbox is read. A backend that splits its steps ends a step early on it (after the step's urgent
+        # audio), so its first audio waits for no work that can wait (a batch request's first audio can)
         self._arrivals = threading.Event()
 
     # -- any thread ----------------------------------------------------------------------------------
@@ -180,11 +180,6 @@ class EngineLoop:
                 self._post(self._on_stopped, crash)
             except _LoopGone:
                 pass  # nobody is waiting
-
-    def _newcomer_waits(self) -> bool:
-        """A device or interactive request arrived and the next step can admit it (ending a step early
-        for one that must queue anyway would only delay the work it left)."""
-        return self._arrivals.is_set() and self.scheduler.has_room_for_newcomer()
 
     def _process_inbox(self, *, block: bool, timeout: float | None = None) -> None:
         """Apply every command in the inbox, first waiting for one (at most ``timeout`` s) if ``block``."""
@@ -268,7 +263,7 @@ class EngineLoop:
                         streams,
                         budget,
                         on_chunks=lambda items: self._deliver_early(plan, items),
-                        should_yield=self._newcomer_waits,
+                        should_yield=self._arrivals.is_set,
                     )
                 )
             elif budget.is_capped:

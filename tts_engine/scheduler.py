@@ -142,12 +142,6 @@ class Scheduler:
             return None
         return max(0, min(self.capacity - self.num_holding(), RUNNING_PER_UNIT * self.capacity - len(self.running)))
 
-    def has_room_for_newcomer(self) -> bool:
-        """A device or interactive request arriving now would be admitted at the next step: there is free
-        capacity beyond the higher-class requests already waiting, or a running batch request to park."""
-        free, waiting = self.num_free, sum(len(self._queues[name]) for name in PRIORITIES[:-1])
-        return free is None or free > waiting or self._park_candidate() is not None
-
     def has_work(self) -> bool:
         """A step now would do something: admit, park, resume, time out, or run a request."""
         if self._expired_head() or self._next_admission() is not None:
