@@ -103,9 +103,32 @@ GEIGEL_REF_FLOOR = 1000.0  # ... learnt from chunks whose reference peaked above
 GEIGEL_MARGIN = 0.7  # ... double talk peaks above this times the echo path's usual peak gain
 PROBATION_CHUNKS = 250  # a stage moved with the echo (`moved`) takes talk on Geigel's full bound this long
 GUARD_GAIN = 1.0  # echo_like before the echo path's peak gain is learnt: 0 dB, more than any path
+# the residual tests (talk, +5 dB) weigh what the filter left against its estimate below this: above
+# ~4 kHz the uplink's Opus coding keeps a band's energy but not its waveform, which no linear filter
+# predicts (the filter, echo alone, leaves +3..+10 dB there, -5..-25 dB below). A sibilant's onset
+# after a pause, mostly over 4 kHz, was +4..+7 dB broadband and passed as talk (bench stall-room-v2
+# seed 0, reply 4: a false barge-in); below 3 kHz the same chunks left -5..-8 dB
+BAND_HZ = 3000.0
 # the aligned reference runs this far ahead of the echo: the estimate may lock on a reflection a little
 # after the direct sound, which the filter must still see coming (it is causal)
 LEAD_MS = 30.0
+
+
+_WINDOW = np.hanning(2 * CHUNK)  # a chunk's band power: over the 20 ms ending with it
+_IN_BAND = np.fft.rfftfreq(2 * CHUNK, 1 / RATE) < BAND_HZ
+# per-sample power from the windowed spectrum's one-sided bins (Parseval, the Hann window's power)
+_BAND_SCALE = 2.0 / ((2 * CHUNK) ** 2 * float(np.mean(_WINDOW**2)))
+
+
+def band_power(signal: np.ndarray, before: np.ndarray) -> np.ndarray:
+    """Per 10 ms chunk of `signal`: its power below BAND_HZ (mean square per sample, as the chunk's
+    own power), from the Hann-windowed 20 ms ending with the chunk (`before`: the CHUNK samples
+    before `signal`). numpy's FFT: the libraries in (SpeexDSP, AEC3) give no band powers."""
+    joined = np.concatenate([before, signal]).astype(np.float64)
+    n = signal.size // CHUNK
+    idx = np.arange(2 * CHUNK)[None, :] + CHUNK * np.arange(n)[:, None]
+    spectrum = np.fft.rfft(joined[idx] * _WINDOW, axis=1)
+    return _BAND_SCALE * np.sum(np.abs(spectrum[:, _IN_BAND]) ** 2, axis=1)
 
 
 class LinearStage:
@@ -125,6 +148,7 @@ class LinearStage:
         self._silent = SILENT_CHUNKS  # chunks since the aligned reference last had a sample
         self.converged = False
         self._hold = 0
+        self._tails = (np.zeros(CHUNK), np.zeros(CHUNK))  # the last chunk's (output, echo estimate)
         self._last_gain = np.zeros(0)  # per chunk of the last `run`: microphone peak / reference's
         self._last_talk = np.zeros(0, bool)
         self._slips: deque[bool] = deque(maxlen=2 * SLIP_CHUNKS)  # recent chunks with echo: added to it?
@@ -268,7 +292,12 @@ class LinearStage:
            remove, and passes the first test alone (false barge-ins in the real-time test).
         """
         left = np.mean(linear.astype(np.float64).reshape(-1, CHUNK) ** 2, axis=1)
-        echo = np.mean((mic.astype(np.float64) - linear).reshape(-1, CHUNK) ** 2, axis=1)
+        estimate = mic.astype(np.float64) - linear
+        echo = np.mean(estimate.reshape(-1, CHUNK) ** 2, axis=1)
+        # the residual tests weigh the band the uplink's codec keeps the waveform in (BAND_HZ)
+        left_band = band_power(linear, self._tails[0])
+        echo_band = band_power(estimate, self._tails[1])
+        self._tails = (linear[-CHUNK:].astype(np.float64), estimate[-CHUNK:])
         mic_peak = np.abs(mic.reshape(-1, CHUNK)).max(axis=1).astype(np.float64)
         peaks = np.concatenate([self._ref_peaks, np.abs(ref.reshape(-1, CHUNK)).max(axis=1)])
         n = peaks.size - GEIGEL_CHUNKS + 1
@@ -292,8 +321,8 @@ class LinearStage:
         judged = (echo > ECHO_FLOOR_RMS**2) & ~louder & (mic_power > echo * SLIP_ECHO)
         self._slips.extend(adds[judged].tolist())
         self.slipped = self.converged and sum(self._slips) >= SLIP_CHUNKS
-        talk = (left > NEAR_FLOOR_RMS**2) & (left > echo * NEAR_TO_ECHO) & ~adds
-        strong = left > echo * HOLD_TO_ECHO
+        talk = (left_band > NEAR_FLOOR_RMS**2) & (left_band > echo_band * NEAR_TO_ECHO) & ~adds
+        strong = left_band > echo_band * HOLD_TO_ECHO
         alone = np.zeros_like(talk)  # well above the echo: talk even where Geigel's test fails ...
         if not self.converged or not learnt:
             talk[:] = False
