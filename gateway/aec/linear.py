@@ -15,7 +15,7 @@ chunks with echo left under -10 dB, or 2/3 of the loud ones: the quiet ends
 of words, where the codec's noise sets what is left, kept a filter at -15..-20
 dB on the words unconverged for 2.5 s of the first reply; it stays so down to a
 third: the user's first syllables, not yet talk, count against it), (2) it left more than -5 dB
-of the estimate (and more than a floor), and (3) Geigel's test passes: the
+of the estimate (and more than a floor) below BAND_HZ (3 kHz), and (3) Geigel's test passes: the
 microphone peaks above what the echo path usually makes of the reference's
 recent peak (codec noise passes (2) at times, never (3)). A chunk that left
 +5 dB over the estimate is talk where (3) fails by less than half: at a
@@ -25,6 +25,17 @@ word also leaves +5 dB, under a far quieter microphone. There the linear
 output (speech whole) replaces AEC3's (speech ducked), and a chunk that passed
 all three tests and left +5 dB over the estimate holds that for 150 ms: speech
 is continuous, the tests are not, and the VAD needs whole syllables.
+
+The residual tests ((2) and +5 dB) weigh the band below BAND_HZ: above ~4 kHz
+the uplink's Opus coding keeps a band's energy but not its waveform, and no
+linear filter predicts it (echo alone, a converged filter leaves +3..+10 dB of
+its estimate there, -5..-25 dB below). A sibilant onset in the reply after a
+short pause, its energy mostly over 4 kHz, left +4..+7 dB broadband (the
+filter's estimate 6-8 dB short; without the codec -25 dB), passed as talk and
+held talk on over the next word's echo (bench stall-room-v2 seed 0, reply 4: a
+false barge-in); below 3 kHz the same chunks leave -5..-8 dB. The band's power
+per chunk comes from the Hann-windowed 20 ms ending with it (`band_power`);
+the convergence evidence, the slip test and Geigel's test stay broadband.
 
 The echo moves against the filter where the device's playback moves against
 our model (a filter a few ms off leaves the echo whole, and it passes test
@@ -45,11 +56,8 @@ seconds of uplink (`warm_up`). While the reference has been silent for longer
 than the filter's span the stage does not run at all.
 
 Tried and dropped: ending the talk hold at a chunk with echo that the filter
-takes 10 dB off and that fails Geigel's test (the echo alone). A word onset
-after a short pause that the uplink's Opus coding garbled (the filter's
-estimate 6-8 dB short of it; without the codec it left -25 dB there) passes as
-talk and holds talk on over the next word's echo (bench stall-room-v2 seed 0,
-reply 4: a false barge-in); the change fixed that, but cut the hold in the
+takes 10 dB off and that fails Geigel's test (the echo alone). It fixed the
+sibilant onset above (stall-room-v2 seed 0, reply 4), but cut the hold in the
 user's quiet parts over loud echo: tests/test_aec.py's barge-in was found
 640 ms late. And the linear filter in front of AEC3 (a cascade) found every
 bench barge-in in time, but in the real-time loopback test
