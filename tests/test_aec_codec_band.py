@@ -7,7 +7,7 @@ echo alone a converged filter leaves +3..+10 dB of its estimate there and
 energy mostly over 4 kHz, then left +4..+7 dB over the estimate broadband and
 passed as the user talking; held on over the next word's echo, it was a false
 barge-in (bench stall-room-v2 seed 0, echo-only reply 4, at 9.78 s). The
-residual tests weigh the band below linear.BAND_HZ (3 kHz), where the same
+residual tests weigh the band below band.BAND_HZ (3 kHz), where the same
 chunks leave -5..-8 dB.
 """
 
@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gateway.aec.linear import BAND_HZ, CHUNK, band_power
+from gateway.aec.band import BAND_HZ, band_power
+from gateway.aec.stages import CHUNK
 from scripts.aec_devices import MODELS, Trial
 from scripts.aec_sim import onsets, simulate_device
 from scripts.speech import RATE, utterance

@@ -26,16 +26,11 @@ output (speech whole) replaces AEC3's (speech ducked), and a chunk that passed
 all three tests and left +5 dB over the estimate holds that for 150 ms: speech
 is continuous, the tests are not, and the VAD needs whole syllables.
 
-The residual tests ((2) and +5 dB) weigh the band below BAND_HZ: above ~4 kHz
-the uplink's Opus coding keeps a band's energy but not its waveform, and no
-linear filter predicts it (echo alone, a converged filter leaves +3..+10 dB of
-its estimate there, -5..-25 dB below). A sibilant onset in the reply after a
-short pause, its energy mostly over 4 kHz, left +4..+7 dB broadband (the
-filter's estimate 6-8 dB short; without the codec -25 dB), passed as talk and
-held talk on over the next word's echo (bench stall-room-v2 seed 0, reply 4: a
-false barge-in); below 3 kHz the same chunks leave -5..-8 dB. The band's power
-per chunk comes from the Hann-windowed 20 ms ending with it (`band_power`);
-the convergence evidence, the slip test and Geigel's test stay broadband.
+The residual tests ((2) and +5 dB) weigh the band below BAND_HZ, where the
+uplink's Opus coding keeps the waveform (gateway/aec/band.py says why: a
+sibilant onset after a short pause, mostly over 4 kHz, passed as talk and held
+talk on over the next word's echo, bench stall-room-v2 seed 0, reply 4); the
+convergence evidence, the slip test and Geigel's test stay broadband.
 
 The echo moves against the filter where the device's playback moves against
 our model (a filter a few ms off leaves the echo whole, and it passes test
@@ -73,6 +68,7 @@ from collections import deque
 
 import numpy as np
 
+from gateway.aec.band import band_power
 from gateway.aec.reference import RATE
 from gateway.aec.speex import SpeexEchoCanceller, SpeexUnavailable
 from gateway.aec.stages import CHUNK
@@ -111,32 +107,9 @@ GEIGEL_REF_FLOOR = 1000.0  # ... learnt from chunks whose reference peaked above
 GEIGEL_MARGIN = 0.7  # ... double talk peaks above this times the echo path's usual peak gain
 PROBATION_CHUNKS = 250  # a stage moved with the echo (`moved`) takes talk on Geigel's full bound this long
 GUARD_GAIN = 1.0  # echo_like before the echo path's peak gain is learnt: 0 dB, more than any path
-# the residual tests (talk, +5 dB) weigh what the filter left against its estimate below this: above
-# ~4 kHz the uplink's Opus coding keeps a band's energy but not its waveform, which no linear filter
-# predicts (the filter, echo alone, leaves +3..+10 dB there, -5..-25 dB below). A sibilant's onset
-# after a pause, mostly over 4 kHz, was +4..+7 dB broadband and passed as talk (bench stall-room-v2
-# seed 0, reply 4: a false barge-in); below 3 kHz the same chunks left -5..-8 dB
-BAND_HZ = 3000.0
 # the aligned reference runs this far ahead of the echo: the estimate may lock on a reflection a little
 # after the direct sound, which the filter must still see coming (it is causal)
 LEAD_MS = 30.0
-
-
-_WINDOW = np.hanning(2 * CHUNK)  # a chunk's band power: over the 20 ms ending with it
-_IN_BAND = np.fft.rfftfreq(2 * CHUNK, 1 / RATE) < BAND_HZ
-# per-sample power from the windowed spectrum's one-sided bins (Parseval, the Hann window's power)
-_BAND_SCALE = 2.0 / ((2 * CHUNK) ** 2 * float(np.mean(_WINDOW**2)))
-
-
-def band_power(signal: np.ndarray, before: np.ndarray) -> np.ndarray:
-    """Per 10 ms chunk of `signal`: its power below BAND_HZ (mean square per sample, as the chunk's
-    own power), from the Hann-windowed 20 ms ending with the chunk (`before`: the CHUNK samples
-    before `signal`). numpy's FFT: the libraries in (SpeexDSP, AEC3) give no band powers."""
-    joined = np.concatenate([before, signal]).astype(np.float64)
-    n = signal.size // CHUNK
-    idx = np.arange(2 * CHUNK)[None, :] + CHUNK * np.arange(n)[:, None]
-    spectrum = np.fft.rfft(joined[idx] * _WINDOW, axis=1)
-    return _BAND_SCALE * np.sum(np.abs(spectrum[:, _IN_BAND]) ** 2, axis=1)
 
 
 class LinearStage:
