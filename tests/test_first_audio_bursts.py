@@ -207,3 +207,68 @@ def test_on_a_cpu_a_new_request_ends_the_comfortable_hops_between_two_rows(
         assert sizes[0] > 0 and sizes[1] > 0
     for stream in streams:
         stream.close()
+
+
+def _until_closing(backend: CosyVoiceBackend, stream: CosyVoiceStream, chunks: list[np.ndarray]) -> None:
+    """Step ``stream`` until its next call is its exact closing call, keeping its audio: urgent while a
+    hop is ready or its opening waits (the hop runs), else deferred (a token a step, no hop runs), so
+    the closing call is ready before a step, not made and run within one."""
+    for _ in range(400):
+        stream.feed_tokens()
+        job = stream.next_job()
+        if job is not None and job.finalize:
+            assert not job.streaming
+            return
+        lane = Lane.URGENT if job is not None or stream.awaits_opening else Lane.DEFERRED
+        [out] = backend.step([stream], StepBudget(lanes=(lane,)))
+        chunks.append(np.asarray(out))
+    raise AssertionError("no closing call came")
+
+
+def _to_end(backend: CosyVoiceBackend, stream: CosyVoiceStream, chunks: list[np.ndarray], lane: Lane) -> None:
+    for _ in range(50):
+        [out] = backend.step([stream], StepBudget(lanes=(lane,)))
+        assert not isinstance(out, BaseException), out
+        if out is None:
+            return
+        chunks.append(np.asarray(out))
+    raise AssertionError("the stream did not end")
+
+
+@pytest.mark.parametrize("closings_yield", [True, False])
+def test_on_a_cpu_a_new_request_ends_a_short_lane_closing_call_between_two_slices(
+    model: CosyVoice3, voices: VoiceStore, closings_yield: bool
+) -> None:
+    """With ``short_closings_yield`` (a CPU's default) the short lane's exact closing call runs a slice of
+    Euler steps a call and a request that arrives meanwhile ends it between two slices (the rest runs
+    next step, its audio the same bit for bit); without it the call runs whole in its step."""
+    backend = make_backend(model, voices, burst=32)
+    assert backend.stepper.short_closings_yield == (backend.device.type == "cpu")
+    backend.stepper.short_closings_yield = closings_yield
+    whole: list[np.ndarray] = []
+    reference = backend.open_stream(PLAYING[1], "default", 1.0)
+    _until_closing(backend, reference, whole)
+    _to_end(backend, reference, whole, Lane.URGENT)  # the closing call whole, in the urgent group
+    reference.close()
+
+    chunks: list[np.ndarray] = []
+    stream = backend.open_stream(PLAYING[1], "default", 1.0)  # the same text and seed: the same tokens
+    _until_closing(backend, stream, chunks)
+    answers = iter([False, False])  # no request after the urgent group nor before the first slice ...
+
+    def arrived() -> bool:
+        return next(answers, True)  # ... then one arrives
+
+    before = backend.step_stats()
+    [out] = backend.step([stream], StepBudget(lanes=(Lane.SHORT,)), None, arrived)
+    after = backend.step_stats()
+    if closings_yield:
+        assert _samples(out) == 0 and stream.next_job() is not None and stream.next_job().finalize
+        assert after["steps_yielded"] == before["steps_yielded"] + 1
+        assert after["closing_pauses"] == before["closing_pauses"] + 1
+    else:
+        assert _samples(out) > 0 and after["steps_yielded"] == before["steps_yielded"]
+        chunks.append(np.asarray(out))
+    _to_end(backend, stream, chunks, Lane.SHORT)
+    stream.close()
+    assert np.array_equal(np.concatenate(chunks), np.concatenate(whole))

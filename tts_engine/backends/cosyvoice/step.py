@@ -17,7 +17,8 @@ Step order (``order``): ``"slack"`` (the default) orders the step by the budget'
 whose next hop lacks tokens (``_decode_burst``); then every opening hop and the urgent streams' hops in
 one group, whose audio is handed out (``emit``) at once (on a CPU each opening hop in a call of its own,
 its audio out before the group's other rows run: ``rows_cost``); then, unless a request arrived meanwhile
-(``should_yield``: the rest waits a step), the short lane's tokens and hops; then the later hops and
+(``should_yield``: the rest waits a step), the short lane's tokens and hops (on a CPU its exact closing
+calls a few Euler steps a call, a new request ending them between two); then the later hops and
 closing passes of streams with a comfortable lead (exact closing passes a few Euler steps a step; with
 ``rows_cost`` the hops a row a call, a new request ending them between two calls); then
 an LLM catch-up for every running LLM (``_catch_up``). While another listener waits for first audio,
@@ -28,7 +29,7 @@ offsets and cached chunks are the same either way (tests/test_step_order.py comp
 for bit).
 
 A batched call that raises is retried row by row where the rows' state allows it, so one bad request
-does not fail its neighbours.
+does not fail its neighbours (wave_step.py has the token2wav calls, llm_step.py the LLM's).
 """
 
 from __future__ import annotations
@@ -43,21 +44,22 @@ import torch
 from cosyvoice.token2wav import HopJob, PendingClosing, Token2Wav
 from tts_engine.backends.cosyvoice.llm_step import Errors, LLMStepping
 from tts_engine.backends.cosyvoice.request import CosyVoiceStream
+from tts_engine.backends.cosyvoice.wave_step import (
+    CLOSING_SLICE,
+    HOP_KINDS,
+    Chunks,
+    Stop,
+    WaveStepping,
+    never,
+)
 from tts_engine.budget import Lane, StepBudget
 from tts_engine.errors import EngineError
 
-Chunks = dict[int, torch.Tensor]  # id(stream) -> its new audio
 Emit = Callable[[Chunks], bool]  # hands audio out mid-step; False: it could not (keep it for the end)
 STEP_ORDERS = ("slack", "together")
 DECODE_BURST = 32  # extra decode iterations a step may run for streams whose audio is due (_decode_burst)
 SHORT_WHOLE_CLOSINGS = 1  # exact closing calls of the short lane run whole per step; the rest by slices
-CLOSING_SLICE = 2  # Euler steps per engine step of an exact closing call whose stream has a comfortable lead
-HOP_KINDS = ("opening", "hop", "closing")  # a segment's first hop; a later hop; its closing call
 _NO_AUDIO = np.zeros(0, dtype=np.float32)
-
-
-def _never() -> bool:
-    return False
 
 
 def _opens(stream: CosyVoiceStream, lane: Lane) -> bool:
@@ -65,7 +67,7 @@ def _opens(stream: CosyVoiceStream, lane: Lane) -> bool:
     return lane != Lane.BACKGROUND and stream.awaits_opening
 
 
-class BatchedStep(LLMStepping):
+class BatchedStep(LLMStepping, WaveStepping):
     """Runs steps for the cosyvoice backend; ``runner`` is an ``LLMRunner`` (or a drop-in one)."""
 
     def __init__(
@@ -103,6 +105,11 @@ class BatchedStep(LLMStepping):
         # on an H200) and one batch serves everyone sooner. The backend sets it by device.
         self.rows_cost = rows_cost
         self.num_openings_alone = 0  # opening hops run in a call of their own (rows_cost)
+        # With rows_cost the short lane's exact closing calls run apart from its hops, a slice a call, a
+        # new request ending them between two (a probe at load 0.6 found the slowest first chunks waiting
+        # 150-200 ms behind a short hop and a closing call run whole, 93-141 ms). A short lane's lead
+        # outlasts the longest recent step, so it can wait one.
+        self.short_closings_yield = rows_cost
 
     def run(
         self,
@@ -110,7 +117,7 @@ class BatchedStep(LLMStepping):
         errors: Errors,
         budget: StepBudget,
         emit: Emit | None = None,
-        should_yield: Callable[[], bool] | None = None,
+        should_yield: Stop | None = None,
     ) -> Chunks:
         """Advance ``streams`` (in rank order, each with its lane) by one step within ``budget``; each
         stream's new audio by id (the audio ``emit`` handed out mid-step is not in it). Once the urgent
@@ -121,7 +128,7 @@ class BatchedStep(LLMStepping):
         for key, (stream, _) in list(self.closings.items()):
             if stream.closed:
                 del self.closings[key]  # finished, failed or aborted meanwhile
-        yielding = should_yield or _never
+        yielding = should_yield or never
         started = time.perf_counter()
         self._llm_step(streams, errors, budget.prefill_rows)
         bursts = self.order == "slack" and budget.lanes is not None  # lanes: a scheduler ranks the streams
@@ -163,7 +170,8 @@ class BatchedStep(LLMStepping):
         self.seconds["llm"] += time.perf_counter() - started
         short = [(stream, job) for stream, _, job in self._ready([(s, Lane.SHORT) for s in short_lane], errors)]
         short, rows = self._take(short, rows)
-        chunks.update(self._wave_group(short, errors, whole=SHORT_WHOLE_CLOSINGS))
+        stop_short = yielding if self.short_closings_yield else never
+        chunks.update(self._wave_group(short, errors, whole=SHORT_WHOLE_CLOSINGS, stop=stop_short))
         chunks = self._emit(chunks, emit)
         if second and yielding():
             self.num_yields += 1
@@ -238,7 +246,7 @@ class BatchedStep(LLMStepping):
         streams: Sequence[Any],
         budget: StepBudget,
         on_chunks: Callable[[list[tuple[int, Any]]], None] | None = None,
-        should_yield: Callable[[], bool] | None = None,
+        should_yield: Stop | None = None,
     ) -> list[np.ndarray | None | BaseException]:
         """The backend's ``step()``: ``owner``'s open, unparked streams run one step in their lanes (any
         other is failed alone), each given its audio, ``None`` at its end, or its error, in order;
@@ -285,20 +293,23 @@ class BatchedStep(LLMStepping):
         errors: Errors,
         *,
         whole: int | None,
-        stop: Callable[[], bool] = _never,
+        stop: Stop = never,
         row_calls: bool = False,
     ) -> Chunks:
         """One group of the slack order: its hops and the first ``whole`` of its exact closing calls (None:
         all) in one batch (``row_calls``: a call each); the other closing calls on their own,
         ``CLOSING_SLICE`` Euler steps a step (their audio once the last one ran), as is one already begun
         that way; a true ``stop()`` before a slice or a row's call leaves it and the rest for the next
-        step."""
+        step. A group given a ``stop`` with ``short_closings_yield`` (the short lane on a CPU) runs its
+        whole closing calls on their own too, a slice a call to their end unless ``stop()`` turns true
+        between two slices."""
         batched = [(stream, job) for stream, job in jobs if not job.finalize or job.streaming]
         sliced: list[tuple[CosyVoiceStream, HopJob, int | None]] = []
         closing = [(stream, job) for stream, job in jobs if job.finalize and not job.streaming]
+        whole_stops = stop is not never and self.short_closings_yield and whole is not None
         for k, (stream, job) in enumerate(closing):
             runs_whole = whole is None or k < whole
-            if runs_whole and id(stream) not in self.closings:
+            if runs_whole and id(stream) not in self.closings and not whole_stops:
                 batched.append((stream, job))  # whole and not begun: in the batch, as the together order runs it
             else:
                 sliced.append((stream, job, None if runs_whole else CLOSING_SLICE))
@@ -312,80 +323,13 @@ class BatchedStep(LLMStepping):
                     return chunks  # a request arrived: the other rows and the slices wait for the next step
                 chunks.update(self._wave_step([row], errors))
         for stream, job, steps in sliced:
-            if steps is not None and stop():
+            if (steps is not None or whole_stops) and stop():
                 self.num_yields += 1
                 break  # a request arrived: the other slices wait for the next step
-            chunk = self._closing_slice(stream, job, errors, steps)
+            chunk = self._closing_slice(stream, job, errors, steps, stop if whole_stops else never)
             if chunk is not None:
                 chunks[id(stream)] = chunk
-        return chunks
-
-    def _closing_slice(
-        self, stream: CosyVoiceStream, job: HopJob, errors: Errors, steps: int | None
-    ) -> torch.Tensor | None:
-        """Advance ``stream``'s exact closing call by ``steps`` Euler steps (None: to its end); its last
-        audio once done. Sliced or whole, the same operations: the same samples."""
-        t2w = self.token2wav
-        started = time.perf_counter()
-        try:
-            entry = self.closings.get(id(stream))
-            pending = entry[1] if entry is not None and entry[1].job == job else None
-            if pending is None:
-                pending = t2w.begin_closing(job)
-                self.closings[id(stream)] = (stream, pending)
-            if not t2w.advance_closing(pending, steps):
-                self.num_closing_pauses += 1
-                return None
-            del self.closings[id(stream)]
-            return t2w.finish_closing(pending)
-        except Exception as exc:  # noqa: BLE001 - fails this request only
-            self.closings.pop(id(stream), None)
-            errors[id(stream)] = exc
-            return None
-        finally:
-            self.seconds["closing"] += time.perf_counter() - started
-
-    # -- token2wav -----------------------------------------------------------------------------
-
-    def _wave_step(self, jobs: list[tuple[CosyVoiceStream, HopJob]], errors: Errors) -> Chunks:
-        """All given hops in one flow + vocoder batch (its time shared out by kind, ``seconds``)."""
-        if not jobs:
-            return {}
-        started = time.perf_counter()
-        try:
-            return self._wave_batch(jobs, errors)
-        finally:
-            self._account(jobs, time.perf_counter() - started)
-
-    def _account(self, jobs: list[tuple[CosyVoiceStream, HopJob]], seconds: float) -> None:
-        """Share a batch's time among its hop kinds by the frames each row computes (roughly)."""
-        weights: dict[str, float] = dict.fromkeys(HOP_KINDS, 0.0)
-        for _, job in jobs:
-            kind = "closing" if job.finalize else "opening" if job.token_offset == 0 else "hop"
-            prompt = int(job.stream.prompt.prompt_token.shape[0])
-            weights[kind] += (
-                prompt + job.num_tokens if not job.streaming else job.num_tokens - job.token_offset
-            )
-        total = sum(weights.values()) or 1.0
-        for kind, weight in weights.items():
-            self.seconds[kind] += seconds * weight / total
-
-    def _wave_batch(self, jobs: list[tuple[CosyVoiceStream, HopJob]], errors: Errors) -> Chunks:
-        """One flow + vocoder batch; on failure retry the unchanged hops one by one."""
-        chunks: Chunks = {}
-        t2w = self.token2wav
-        try:
-            for (stream, _), chunk in zip(jobs, t2w.run([job for _, job in jobs]), strict=True):
-                chunks[id(stream)] = chunk
-            return chunks
-        except Exception as exc:  # noqa: BLE001 - sorted out per row below
-            batch_error = exc
-        for stream, job in jobs:
-            if len(jobs) == 1 or job.stream.next_job() != job:
-                errors[id(stream)] = batch_error  # its state moved on: cannot retry
-                continue
-            try:
-                chunks[id(stream)] = t2w.run([job])[0]
-            except Exception as exc:  # noqa: BLE001
-                errors[id(stream)] = exc
+            elif whole_stops and id(stream) in self.closings:
+                self.num_yields += 1
+                break  # stopped between two slices: it and the rest wait for the next step
         return chunks

@@ -1,0 +1,106 @@
+"""The token2wav half of a CosyVoice3 scheduler step (``BatchedStep``, step.py): batched flow + vocoder
+calls for the ready hops, their time shared out by hop kind, and exact closing calls run a few Euler
+steps at a time. A batched call that raises is retried row by row where the rows' state allows it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from cosyvoice.token2wav import HopJob, PendingClosing, Token2Wav
+from tts_engine.backends.cosyvoice.llm_step import Errors
+from tts_engine.backends.cosyvoice.request import CosyVoiceStream
+
+Chunks = dict[int, torch.Tensor]  # id(stream) -> its new audio
+Stop = Callable[[], bool]  # true once a request arrived: the step's work that can wait ends there
+CLOSING_SLICE = 2  # Euler steps per engine step of an exact closing call whose stream has a comfortable lead
+HOP_KINDS = ("opening", "hop", "closing")  # a segment's first hop; a later hop; its closing call
+
+
+def never() -> bool:
+    return False
+
+
+class WaveStepping:
+    """The token2wav calls of ``BatchedStep`` (its ``token2wav``, time by kind and closing calls)."""
+
+    token2wav: Token2Wav
+    seconds: dict[str, float]  # where the step time went: "llm" and each of HOP_KINDS
+    closings: dict[int, tuple[CosyVoiceStream, PendingClosing]]  # exact closing calls under way, by id(stream)
+    num_closing_pauses: int
+
+    def _closing_slice(
+        self, stream: CosyVoiceStream, job: HopJob, errors: Errors, steps: int | None, stop: Stop = never
+    ) -> torch.Tensor | None:
+        """Advance ``stream``'s exact closing call by ``steps`` Euler steps (None: to its end, with a
+        ``stop``: ``CLOSING_SLICE`` at a time until ``stop()`` turns true); its last audio once done.
+        Sliced or whole, the same operations: the same samples."""
+        t2w = self.token2wav
+        started = time.perf_counter()
+        try:
+            entry = self.closings.get(id(stream))
+            pending = entry[1] if entry is not None and entry[1].job == job else None
+            if pending is None:
+                pending = t2w.begin_closing(job)
+                self.closings[id(stream)] = (stream, pending)
+            to_end_by_slices = steps is None and stop is not never
+            done = t2w.advance_closing(pending, CLOSING_SLICE if to_end_by_slices else steps)
+            while to_end_by_slices and not done and not stop():
+                done = t2w.advance_closing(pending, CLOSING_SLICE)
+            if not done:
+                self.num_closing_pauses += 1
+                return None
+            del self.closings[id(stream)]
+            return t2w.finish_closing(pending)
+        except Exception as exc:  # noqa: BLE001 - fails this request only
+            self.closings.pop(id(stream), None)
+            errors[id(stream)] = exc
+            return None
+        finally:
+            self.seconds["closing"] += time.perf_counter() - started
+
+    def _wave_step(self, jobs: list[tuple[CosyVoiceStream, HopJob]], errors: Errors) -> Chunks:
+        """All given hops in one flow + vocoder batch (its time shared out by kind, ``seconds``)."""
+        if not jobs:
+            return {}
+        started = time.perf_counter()
+        try:
+            return self._wave_batch(jobs, errors)
+        finally:
+            self._account(jobs, time.perf_counter() - started)
+
+    def _account(self, jobs: list[tuple[CosyVoiceStream, HopJob]], seconds: float) -> None:
+        """Share a batch's time among its hop kinds by the frames each row computes (roughly)."""
+        weights: dict[str, float] = dict.fromkeys(HOP_KINDS, 0.0)
+        for _, job in jobs:
+            kind = "closing" if job.finalize else "opening" if job.token_offset == 0 else "hop"
+            prompt = int(job.stream.prompt.prompt_token.shape[0])
+            weights[kind] += (
+                prompt + job.num_tokens if not job.streaming else job.num_tokens - job.token_offset
+            )
+        total = sum(weights.values()) or 1.0
+        for kind, weight in weights.items():
+            self.seconds[kind] += seconds * weight / total
+
+    def _wave_batch(self, jobs: list[tuple[CosyVoiceStream, HopJob]], errors: Errors) -> Chunks:
+        """One flow + vocoder batch; on failure retry the unchanged hops one by one."""
+        chunks: Chunks = {}
+        t2w = self.token2wav
+        try:
+            for (stream, _), chunk in zip(jobs, t2w.run([job for _, job in jobs]), strict=True):
+                chunks[id(stream)] = chunk
+            return chunks
+        except Exception as exc:  # noqa: BLE001 - sorted out per row below
+            batch_error = exc
+        for stream, job in jobs:
+            if len(jobs) == 1 or job.stream.next_job() != job:
+                errors[id(stream)] = batch_error  # its state moved on: cannot retry
+                continue
+            try:
+                chunks[id(stream)] = t2w.run([job])[0]
+            except Exception as exc:  # noqa: BLE001
+                errors[id(stream)] = exc
+        return chunks
