@@ -272,3 +272,21 @@ def test_on_a_cpu_a_new_request_ends_a_short_lane_closing_call_between_two_slice
     _to_end(backend, stream, chunks, Lane.SHORT)
     stream.close()
     assert np.array_equal(np.concatenate(chunks), np.concatenate(whole))
+
+
+def test_without_a_newcomer_the_short_lanes_closing_calls_all_go_on(model: CosyVoice3, voices: VoiceStore) -> None:
+    """Two short-lane streams at their exact closing calls and no request arriving: the first runs whole
+    (slice after slice), the second its slice of the step, and the step does not count as ended early."""
+    backend = make_backend(model, voices, burst=32)
+    backend.stepper.short_closings_yield = True
+    streams = [backend.open_stream(t, "default", 1.0) for t in PLAYING]
+    for stream in streams:
+        _until_closing(backend, stream, [])
+    before = backend.step_stats()
+    out = backend.step(streams, StepBudget(lanes=(Lane.SHORT, Lane.SHORT)), None, lambda: False)
+    after = backend.step_stats()
+    assert _samples(out[0]) > 0 and _samples(out[1]) == 0 and streams[1].next_job().finalize
+    assert after["steps_yielded"] == before["steps_yielded"]
+    assert after["closing_pauses"] == before["closing_pauses"] + 1
+    for stream in streams:
+        stream.close()

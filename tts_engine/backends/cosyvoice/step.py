@@ -329,7 +329,7 @@ class BatchedStep(LLMStepping, WaveStepping):
             chunk = self._closing_slice(stream, job, errors, steps, stop if whole_stops else never)
             if chunk is not None:
                 chunks[id(stream)] = chunk
-            elif whole_stops and id(stream) in self.closings:
+            elif whole_stops and steps is None and id(stream) in self.closings:
                 self.num_yields += 1
                 break  # stopped between two slices: it and the rest wait for the next step
         return chunks
