@@ -300,13 +300,13 @@ class BatchedStep(LLMStepping, WaveStepping):
         all) in one batch (``row_calls``: a call each); the other closing calls on their own,
         ``CLOSING_SLICE`` Euler steps a step (their audio once the last one ran), as is one already begun
         that way; a true ``stop()`` before a slice or a row's call leaves it and the rest for the next
-        step. A group given a ``stop`` with ``short_closings_yield`` (the short lane on a CPU) runs its
-        whole closing calls on their own too, a slice a call to their end unless ``stop()`` turns true
-        between two slices."""
+        step. A group given a ``stop`` runs its whole closing calls on their own too (the short lane on a
+        CPU: ``short_closings_yield``), a slice a call to their end unless ``stop()`` turns true between
+        two slices."""
         batched = [(stream, job) for stream, job in jobs if not job.finalize or job.streaming]
         sliced: list[tuple[CosyVoiceStream, HopJob, int | None]] = []
         closing = [(stream, job) for stream, job in jobs if job.finalize and not job.streaming]
-        whole_stops = stop is not never and self.short_closings_yield and whole is not None
+        whole_stops = stop is not never  # the short lane on a CPU (run); the comfortable lane has no whole ones
         for k, (stream, job) in enumerate(closing):
             runs_whole = whole is None or k < whole
             if runs_whole and id(stream) not in self.closings and not whole_stops:
@@ -323,13 +323,13 @@ class BatchedStep(LLMStepping, WaveStepping):
                     return chunks  # a request arrived: the other rows and the slices wait for the next step
                 chunks.update(self._wave_step([row], errors))
         for stream, job, steps in sliced:
-            if (steps is not None or whole_stops) and stop():
+            if stop():
                 self.num_yields += 1
                 break  # a request arrived: the other slices wait for the next step
-            chunk = self._closing_slice(stream, job, errors, steps, stop if whole_stops else never)
+            chunk = self._closing_slice(stream, job, errors, steps, stop)
             if chunk is not None:
                 chunks[id(stream)] = chunk
-            elif whole_stops and steps is None and id(stream) in self.closings:
+            elif steps is None and id(stream) in self.closings:
                 self.num_yields += 1
                 break  # stopped between two slices: it and the rest wait for the next step
         return chunks
