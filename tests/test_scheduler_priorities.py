@@ -6,7 +6,7 @@ import pytest
 
 from tests.test_scheduler import Clock, ids, make_request, produce
 from tts_engine.arguments import check_priority
-from tts_engine.budget import BackendLimits, Lane
+from tts_engine.budget import BackendLimits, Lane, StepBudget
 from tts_engine.request import EngineRequest, RequestStatus
 from tts_engine.scheduler import MIN_COMFORT_S, Scheduler
 
@@ -111,6 +111,8 @@ def test_lanes_hold_comfortable_work_and_batch_while_a_listener_waits_for_first_
     plan = scheduler.schedule()
     lanes = dict(zip(ids(plan.scheduled), plan.budget.lanes or (), strict=True))
     assert lanes == {"playing": Lane.URGENT, "ahead": Lane.COMFORTABLE, "batch": Lane.COMFORTABLE}
+    slack = dict(zip(ids(plan.scheduled), plan.budget.slack or (), strict=True))  # each stream's, in seconds
+    assert slack == {"playing": pytest.approx(0.1), "ahead": pytest.approx(5.0), "batch": pytest.approx(0.1)}
     scheduler.add_request(request("new", "interactive"))  # a listener waiting for its first audio
     plan = scheduler.schedule()
     lanes = dict(zip(ids(plan.scheduled), plan.budget.lanes or (), strict=True))
@@ -128,6 +130,16 @@ def test_lanes_hold_comfortable_work_and_batch_while_a_listener_waits_for_first_
     scheduler.requests["ahead"].credit.samples_consumed += int(3.5 * 16000)  # 1.5 s left: under one step
     plan = scheduler.schedule()
     assert dict(zip(ids(plan.scheduled), plan.budget.lanes or (), strict=True))["ahead"] == Lane.URGENT
+
+
+def test_a_budget_for_the_streams_left_in_a_step_keeps_their_lanes_and_slack() -> None:
+    """A request that fails as the step opens leaves it: the others keep their own lanes and slack."""
+    budget = StepBudget(hop_rows=2, lanes=(Lane.URGENT, Lane.SHORT, Lane.COMFORTABLE), slack=(0.1, 0.5, 3.0))
+    kept = budget.only([True, False, True])
+    assert kept.lanes == (Lane.URGENT, Lane.COMFORTABLE) and kept.slack == (0.1, 3.0) and kept.hop_rows == 2
+    assert StepBudget().only([True, False]) == StepBudget()
+    with pytest.raises(ValueError):
+        budget.only([True])  # one answer per stream
 
 
 def test_a_backend_that_does_not_split_steps_gets_no_lanes() -> None:

@@ -14,7 +14,8 @@ later step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from enum import IntEnum
 
 
@@ -81,6 +82,9 @@ class StepBudget:
     """Flow + vocoder rows this step: the first ready hops in rank order (held ones not counted)."""
     lanes: tuple[Lane, ...] | None = None
     """Per stream of the step, in its order: when its flow + vocoder work runs (None: all urgent)."""
+    slack: tuple[float, ...] | None = None
+    """Per stream of the step, in its order: its playback slack in seconds when the step was planned
+    (None: not known); a backend may let an urgent hop with slack to spare wait for an opening hop."""
 
     @property
     def is_capped(self) -> bool:
@@ -90,6 +94,14 @@ class StepBudget:
     def lane(self, index: int) -> Lane:
         """The lane of the step's stream ``index`` (URGENT without lanes)."""
         return Lane.URGENT if self.lanes is None else self.lanes[index]
+
+    def only(self, keep: Sequence[bool]) -> StepBudget:
+        """This budget for the step's streams whose ``keep`` is true (the others left before it ran)."""
+
+        def kept(values: tuple | None) -> tuple | None:
+            return None if values is None else tuple(v for v, k in zip(values, keep, strict=True) if k)
+
+        return replace(self, lanes=kept(self.lanes), slack=kept(self.slack))
 
     @staticmethod
     def take(items: list, cap: int | None) -> tuple[list, int]:

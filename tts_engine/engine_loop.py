@@ -17,7 +17,6 @@ only through ``loop.call_soon_threadsafe``: chunks and ends go to each request's
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import queue
 import threading
@@ -244,10 +243,8 @@ class EngineLoop:
         self._park_and_resume(plan)
         self._open_new(plan)
         scheduled = [r for r in plan.scheduled if not r.status.is_finished()]
-        if len(scheduled) != len(plan.scheduled) and plan.budget.lanes is not None:
-            lanes = plan.budget.lanes
-            kept = [lane for r, lane in zip(plan.scheduled, lanes, strict=True) if not r.status.is_finished()]
-            plan.budget = dataclasses.replace(plan.budget, lanes=tuple(kept))
+        if len(scheduled) != len(plan.scheduled):
+            plan.budget = plan.budget.only([not r.status.is_finished() for r in plan.scheduled])
         plan.scheduled = scheduled
         if not scheduled:
             return

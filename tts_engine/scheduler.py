@@ -286,7 +286,12 @@ class Scheduler:
         if waits_first and any(lane >= Lane.DEFERRED for lane in lanes):
             self.num_held_steps += 1
         budget = self._budget
-        return StepBudget(prefill_rows=budget.prefill_rows, hop_rows=budget.hop_rows, lanes=tuple(lanes))
+        return StepBudget(
+            prefill_rows=budget.prefill_rows,
+            hop_rows=budget.hop_rows,
+            lanes=tuple(lanes),
+            slack=tuple(slack[id(r)] for r in scheduled),
+        )
 
     def update_from_output(self, plan: StepPlan, outputs: list[Any]) -> StepResult:
         """Sort the backend's per-request outputs; requests finished meanwhile (aborts) are skipped."""

@@ -327,6 +327,7 @@ class CosyVoiceBackend(Backend):
             "closing_pauses": stepper.num_closing_pauses,
             "llm_rows_held": stepper.num_llm_held,
             "openings_alone": stepper.num_openings_alone,
+            "urgent_waits": stepper.num_urgent_waits,
             "decode_bursts": stepper.num_burst_decodes,
             "decode_burst_rows": stepper.num_burst_rows,
             "steps_yielded": stepper.num_yields,

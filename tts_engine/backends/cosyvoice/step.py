@@ -16,7 +16,8 @@ Step order (``order``): ``"slack"`` (the default) orders the step by the budget'
 (tts_engine/budget.py): decode bursts for every stream waiting for an opening hop and every urgent one
 whose next hop lacks tokens (``_decode_burst``); then every opening hop and the urgent streams' hops in
 one group, whose audio is handed out (``emit``) at once (on a CPU each opening hop in a call of its own,
-its audio out before the group's other rows run: ``rows_cost``); then, unless a request arrived meanwhile
+its audio out before the group's other rows run: ``rows_cost``, and urgent rows with slack to spare after
+the openings: ``_can_wait``); then, unless a request arrived meanwhile
 (``should_yield``: the rest waits a step), the short lane's tokens and hops (on a CPU its exact closing
 calls a few Euler steps a call, a new request ending them between two); then the later hops and
 closing passes of streams with a comfortable lead (exact closing passes a few Euler steps a step; with
@@ -35,7 +36,8 @@ does not fail its neighbours (wave_step.py has the token2wav calls, llm_step.py 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -45,7 +47,6 @@ from cosyvoice.token2wav import HopJob, PendingClosing, Token2Wav
 from tts_engine.backends.cosyvoice.llm_step import Errors, LLMStepping
 from tts_engine.backends.cosyvoice.request import CosyVoiceStream
 from tts_engine.backends.cosyvoice.wave_step import (
-    CLOSING_SLICE,
     HOP_KINDS,
     Chunks,
     Stop,
@@ -59,6 +60,8 @@ Emit = Callable[[Chunks], bool]  # hands audio out mid-step; False: it could not
 STEP_ORDERS = ("slack", "together")
 DECODE_BURST = 32  # extra decode iterations a step may run for streams whose audio is due (_decode_burst)
 SHORT_WHOLE_CLOSINGS = 1  # exact closing calls of the short lane run whole per step; the rest by slices
+WAIT_MARGIN = 2.0  # an urgent row waits for openings only with this many times their estimated cost to spare
+CALL_WINDOW = 16  # urgent flow calls whose durations make the estimates (the longest, by kind, per row)
 _NO_AUDIO = np.zeros(0, dtype=np.float32)
 
 
@@ -110,6 +113,16 @@ class BatchedStep(LLMStepping, WaveStepping):
         # 150-200 ms behind a short hop and a closing call run whole, 93-141 ms). A short lane's lead
         # outlasts the longest recent step, so it can wait one.
         self.short_closings_yield = rows_cost
+        # With rows_cost, an urgent row (a hop or closing pass of a stream whose lead is under the longest
+        # recent step) whose slack still covers WAIT_MARGIN times the openings' calls and its own (the
+        # longest of the last CALL_WINDOW of each kind) runs after the step's opening hops; and when a
+        # request arrives before it runs and its slack also covers a newcomer's opening, the step ends
+        # first. A probe at load 0.6 found most of the slowest first chunks waiting behind urgent hops
+        # and closing passes (67-339 ms) of streams with more lead than that.
+        self.call_seconds: dict[str, deque[float]] = {
+            kind: deque(maxlen=CALL_WINDOW) for kind in ("opening", "urgent")
+        }
+        self.num_urgent_waits = 0  # urgent rows that ran after a step's openings, having the slack to
 
     def run(
         self,
@@ -118,13 +131,15 @@ class BatchedStep(LLMStepping, WaveStepping):
         budget: StepBudget,
         emit: Emit | None = None,
         should_yield: Stop | None = None,
+        slack: Mapping[int, float] | None = None,
     ) -> Chunks:
         """Advance ``streams`` (in rank order, each with its lane) by one step within ``budget``; each
         stream's new audio by id (the audio ``emit`` handed out mid-step is not in it). Once the urgent
         audio is out, a true ``should_yield()`` (a request arrived meanwhile) ends the step there: the
         short and comfortable lanes' work waits for the next step, which starts with the newcomer's
         prefill and opening hop (a short lane stays safe: its lead is longer than the longest recent
-        step, or it would be urgent)."""
+        step, or it would be urgent). ``slack``: each stream's playback slack when the step was planned,
+        by id (with ``rows_cost``, urgent rows with slack to spare wait for the openings)."""
         for key, (stream, _) in list(self.closings.items()):
             if stream.closed:
                 del self.closings[key]  # finished, failed or aborted meanwhile
@@ -155,9 +170,17 @@ class BatchedStep(LLMStepping, WaveStepping):
         ran = {id(stream) for stream, _ in first}  # one call a stream a step
         first, rows = self._take(first, rows)
         chunks: Chunks = {}
-        for group in self._urgent_calls(first):
-            chunks.update(self._wave_group(group, errors, whole=None))
+        openings = sum(job.token_offset == 0 for _, job in first)
+        calls, after = self._urgent_calls(first, self._can_wait(first, slack, started, openings))
+        for group in calls:
+            chunks.update(self._timed_group(group, errors))
             chunks = self._emit(chunks, emit)
+        if after and yielding():  # a newcomer: its opening first if these can wait for it too
+            if len(self._can_wait(after, slack, started, 1, waves_started - started)) == len(after):
+                self.num_yields += 1
+                return chunks
+        chunks.update(self._timed_group(after, errors))
+        chunks = self._emit(chunks, emit)
         if yielding():
             self.num_yields += 1
             return chunks
@@ -186,17 +209,47 @@ class BatchedStep(LLMStepping, WaveStepping):
             self.seconds["llm"] += time.perf_counter() - started
         return chunks
 
+    def _can_wait(
+        self,
+        rows: list[tuple[CosyVoiceStream, HopJob]],
+        slack: Mapping[int, float] | None,
+        started: float,
+        openings: int,
+        lead_in: float = 0.0,
+    ) -> set[int]:
+        """The non-opening rows (by id of stream) whose slack left covers their own call (all of them in one
+        batch) and ``WAIT_MARGIN`` times ``openings`` opening calls after ``lead_in`` seconds, each call
+        estimated by the longest recent one (an urgent call by its longest time a row); none without
+        ``rows_cost``, slack or estimates."""
+        seconds = self.call_seconds
+        if not self.rows_cost or slack is None or not openings or not all(seconds.values()):
+            return set()
+        own = max(seconds["urgent"]) * sum(job.token_offset != 0 for _, job in rows)
+        wait = own + WAIT_MARGIN * (lead_in + openings * max(seconds["opening"]))
+        left = slack.get  # slack at the plan, less the time since
+        elapsed = time.perf_counter() - started
+        return {
+            id(stream)
+            for stream, job in rows
+            if job.token_offset != 0 and (left(id(stream)) or 0.0) - elapsed > wait
+        }
+
     def _urgent_calls(
-        self, first: list[tuple[CosyVoiceStream, HopJob]]
-    ) -> list[list[tuple[CosyVoiceStream, HopJob]]]:
+        self, first: list[tuple[CosyVoiceStream, HopJob]], waits: set[int]
+    ) -> tuple[list[list[tuple[CosyVoiceStream, HopJob]]], list[tuple[CosyVoiceStream, HopJob]]]:
         """The urgent group's flow calls: one batch; or, with ``rows_cost``, in rank order (least
         slack first), each opening hop (the first audio of a waiting listener) in a call of its own and the
-        other rows between two openings batched together."""
+        other rows between two openings batched together; and the rows of ``waits`` (streams with
+        slack to spare, ``_can_wait``), batched after the last opening."""
         if not self.rows_cost or len(first) < 2 or not any(job.token_offset == 0 for _, job in first):
-            return [first]
+            return [first], []
         calls: list[list[tuple[CosyVoiceStream, HopJob]]] = []
         batch: list[tuple[CosyVoiceStream, HopJob]] = []
+        after = [(stream, job) for stream, job in first if id(stream) in waits]
+        self.num_urgent_waits += len(after)
         for stream, job in first:
+            if id(stream) in waits:
+                continue
             if job.token_offset != 0:
                 batch.append((stream, job))
                 continue
@@ -205,7 +258,7 @@ class BatchedStep(LLMStepping, WaveStepping):
                 batch = []
             calls.append([(stream, job)])
             self.num_openings_alone += 1
-        return calls + ([batch] if batch else [])
+        return calls + ([batch] if batch else []), after
 
     def _ready(
         self, streams: Sequence[tuple[CosyVoiceStream, Lane]], errors: Errors
@@ -272,7 +325,8 @@ class BatchedStep(LLMStepping, WaveStepping):
                 on_chunks([(index_of[key], chunk.detach()) for key, chunk in chunks.items()])
                 return True
 
-        chunks = self.run(mine, errors, budget, emit, should_yield)
+        slack = None if budget.slack is None else dict(zip(map(id, streams), budget.slack, strict=True))
+        chunks = self.run(mine, errors, budget, emit, should_yield, slack)
         results: list[np.ndarray | None | BaseException] = []
         for stream in streams:
             error = errors.get(id(stream))
@@ -286,50 +340,3 @@ class BatchedStep(LLMStepping, WaveStepping):
                 except Exception as exc:  # noqa: BLE001
                     results.append(exc)
         return results
-
-    def _wave_group(
-        self,
-        jobs: list[tuple[CosyVoiceStream, HopJob]],
-        errors: Errors,
-        *,
-        whole: int | None,
-        stop: Stop = never,
-        row_calls: bool = False,
-    ) -> Chunks:
-        """One group of the slack order: its hops and the first ``whole`` of its exact closing calls (None:
-        all) in one batch (``row_calls``: a call each); the other closing calls on their own,
-        ``CLOSING_SLICE`` Euler steps a step (their audio once the last one ran), as is one already begun
-        that way; a true ``stop()`` before a slice or a row's call leaves it and the rest for the next
-        step. A group given a ``stop`` runs its whole closing calls on their own too (the short lane on a
-        CPU: ``short_closings_yield``), a slice a call to their end unless ``stop()`` turns true between
-        two slices."""
-        batched = [(stream, job) for stream, job in jobs if not job.finalize or job.streaming]
-        sliced: list[tuple[CosyVoiceStream, HopJob, int | None]] = []
-        closing = [(stream, job) for stream, job in jobs if job.finalize and not job.streaming]
-        whole_stops = stop is not never  # the short lane on a CPU (run); the comfortable lane has no whole ones
-        for k, (stream, job) in enumerate(closing):
-            runs_whole = whole is None or k < whole
-            if runs_whole and id(stream) not in self.closings and not whole_stops:
-                batched.append((stream, job))  # whole and not begun: in the batch, as the together order runs it
-            else:
-                sliced.append((stream, job, None if runs_whole else CLOSING_SLICE))
-        if not row_calls:
-            chunks = self._wave_step(batched, errors)
-        else:
-            chunks = {}
-            for k, row in enumerate(batched):
-                if k and stop():
-                    self.num_yields += 1
-                    return chunks  # a request arrived: the other rows and the slices wait for the next step
-                chunks.update(self._wave_step([row], errors))
-        for stream, job, steps in sliced:
-            if stop():
-                self.num_yields += 1
-                break  # a request arrived: the other slices wait for the next step
-            chunk = self._closing_slice(stream, job, errors, steps, stop)
-            if chunk is not None:
-                chunks[id(stream)] = chunk
-            elif steps is None and id(stream) in self.closings:
-                self.num_yields += 1
-                break  # stopped between two slices: it and the rest wait for the next step
-        return chunks

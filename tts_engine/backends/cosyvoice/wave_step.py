@@ -1,11 +1,13 @@
 """The token2wav half of a CosyVoice3 scheduler step (``BatchedStep``, step.py): batched flow + vocoder
-calls for the ready hops, their time shared out by hop kind, and exact closing calls run a few Euler
-steps at a time. A batched call that raises is retried row by row where the rows' state allows it.
+calls for the ready hops of one group of the step, their time shared out by hop kind (and an urgent
+call's kept), and exact closing calls run a few Euler steps at a time. A batched call that raises is
+retried row by row where the rows' state allows it.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 
 import torch
@@ -31,6 +33,8 @@ class WaveStepping:
     seconds: dict[str, float]  # where the step time went: "llm" and each of HOP_KINDS
     closings: dict[int, tuple[CosyVoiceStream, PendingClosing]]  # exact closing calls under way, by id(stream)
     num_closing_pauses: int
+    num_yields: int
+    call_seconds: dict[str, deque[float]]  # recent urgent calls' seconds a row: "opening" and "urgent"
 
     def _closing_slice(
         self, stream: CosyVoiceStream, job: HopJob, errors: Errors, steps: int | None, stop: Stop = never
@@ -103,4 +107,61 @@ class WaveStepping:
                 chunks[id(stream)] = t2w.run([job])[0]
             except Exception as exc:  # noqa: BLE001
                 errors[id(stream)] = exc
+        return chunks
+
+    def _timed_group(self, group: list[tuple[CosyVoiceStream, HopJob]], errors: Errors) -> Chunks:
+        """One call of the urgent group (every closing pass whole), its time kept for ``_can_wait``."""
+        if not group:
+            return {}
+        started = time.perf_counter()
+        chunks = self._wave_group(group, errors, whole=None)
+        opening = len(group) == 1 and group[0][1].token_offset == 0
+        self.call_seconds["opening" if opening else "urgent"].append((time.perf_counter() - started) / len(group))
+        return chunks
+
+    def _wave_group(
+        self,
+        jobs: list[tuple[CosyVoiceStream, HopJob]],
+        errors: Errors,
+        *,
+        whole: int | None,
+        stop: Stop = never,
+        row_calls: bool = False,
+    ) -> Chunks:
+        """One group of the slack order: its hops and the first ``whole`` of its exact closing calls (None:
+        all) in one batch (``row_calls``: a call each); the other closing calls on their own,
+        ``CLOSING_SLICE`` Euler steps a step (their audio once the last one ran), as is one already begun
+        that way; a true ``stop()`` before a slice or a row's call leaves it and the rest for the next
+        step. A group given a ``stop`` runs its whole closing calls on their own too (the short lane on a
+        CPU: ``short_closings_yield``), a slice a call to their end unless ``stop()`` turns true between
+        two slices."""
+        batched = [(stream, job) for stream, job in jobs if not job.finalize or job.streaming]
+        sliced: list[tuple[CosyVoiceStream, HopJob, int | None]] = []
+        closing = [(stream, job) for stream, job in jobs if job.finalize and not job.streaming]
+        whole_stops = stop is not never  # the short lane on a CPU (run); the comfortable lane has no whole ones
+        for k, (stream, job) in enumerate(closing):
+            runs_whole = whole is None or k < whole
+            if runs_whole and id(stream) not in self.closings and not whole_stops:
+                batched.append((stream, job))  # whole and not begun: in the batch, as the together order runs it
+            else:
+                sliced.append((stream, job, None if runs_whole else CLOSING_SLICE))
+        if not row_calls:
+            chunks = self._wave_step(batched, errors)
+        else:
+            chunks = {}
+            for k, row in enumerate(batched):
+                if k and stop():
+                    self.num_yields += 1
+                    return chunks  # a request arrived: the other rows and the slices wait for the next step
+                chunks.update(self._wave_step([row], errors))
+        for stream, job, steps in sliced:
+            if stop():
+                self.num_yields += 1
+                break  # a request arrived: the other slices wait for the next step
+            chunk = self._closing_slice(stream, job, errors, steps, stop)
+            if chunk is not None:
+                chunks[id(stream)] = chunk
+            elif steps is None and id(stream) in self.closings:
+                self.num_yields += 1
+                break  # stopped between two slices: it and the rest wait for the next step
         return chunks

@@ -1,0 +1,77 @@
+"""On a CPU an urgent hop whose listener still has audio to spare runs after the step's opening hops, and a
+request that arrives before it runs ends the step first (tts_engine/backends/cosyvoice/step.py,
+``_can_wait``). Steps and hand-out order are checked, not seconds: the call-cost estimates are set."""
+
+from __future__ import annotations
+
+import pytest
+
+from cosyvoice.model import CosyVoice3
+from gateway.voices.store import VoiceStore
+from tests.test_first_audio_bursts import make_backend, model, playing_and_newcomer, voices  # noqa: F401
+from tts_engine.backends.cosyvoice import CosyVoiceBackend
+from tts_engine.budget import Lane, StepBudget
+
+COST_S = 0.05  # the estimate of an opening call and of an urgent call: a wait costs 2 x 0.1 s
+
+
+def _estimates(backend: CosyVoiceBackend, seconds: float | None) -> None:
+    for kind in ("opening", "urgent"):
+        backend.stepper.call_seconds[kind].clear()
+        if seconds is not None:
+            backend.stepper.call_seconds[kind].append(seconds)
+
+
+@pytest.mark.parametrize(
+    ("slack_s", "cost_s", "order"),
+    [
+        (30.0, COST_S, [[1], [0]]),  # slack to spare: the newcomer's opening first
+        (0.1, COST_S, [[0], [1]]),  # 0.1 s cannot cover 0.2 s: rank order
+        (30.0, None, [[0], [1]]),  # no call measured yet: rank order
+    ],
+)
+def test_an_urgent_hop_with_slack_to_spare_runs_after_the_opening(
+    model: CosyVoice3,  # noqa: F811
+    voices: VoiceStore,  # noqa: F811
+    slack_s: float,
+    cost_s: float | None,
+    order: list[list[int]],
+) -> None:
+    backend = make_backend(model, voices, burst=32)
+    assert backend.stepper.rows_cost  # the tests run on a CPU
+    playing, newcomer = playing_and_newcomer(backend)
+    _estimates(backend, cost_s)
+    handouts: list[list[int]] = []
+    # the playing stream ranks first: the newcomer is a reply's next sentence, the current one still plays
+    budget = StepBudget(lanes=(Lane.URGENT, Lane.URGENT), slack=(slack_s, slack_s + 1.0))
+    out = backend.step([playing, newcomer], budget, lambda items: handouts.append(sorted(i for i, _ in items)))
+    assert handouts == order and all(o.size == 0 for o in out)  # all the audio went out mid-step
+    assert backend.step_stats()["urgent_waits"] == (1 if order == [[1], [0]] else 0)
+    for stream in (playing, newcomer):
+        stream.close()
+
+
+@pytest.mark.parametrize("slack_s", [30.0, 0.1])
+def test_a_request_arriving_before_the_waiting_hop_runs_ends_the_step(
+    model: CosyVoice3,  # noqa: F811
+    voices: VoiceStore,  # noqa: F811
+    slack_s: float,
+) -> None:
+    """With slack to spare for one more opening the waiting hop leaves the step to the newcomer (it runs
+    next step); with too little it runs before the step ends, as every urgent hop does."""
+    backend = make_backend(model, voices, burst=32)
+    playing, newcomer = playing_and_newcomer(backend)
+    _estimates(backend, COST_S)
+    handouts: list[list[int]] = []
+    budget = StepBudget(lanes=(Lane.URGENT, Lane.URGENT), slack=(slack_s, 30.0))
+    yielded = backend.step_stats()["steps_yielded"]
+    backend.step([playing, newcomer], budget, lambda items: handouts.append(sorted(i for i, _ in items)), lambda: True)
+    assert backend.step_stats()["steps_yielded"] == yielded + 1  # ended early either way (no short lane ran)
+    if slack_s > 1.0:
+        assert handouts == [[1]] and playing.next_job() is not None  # its hop waits for the next step
+        backend.step([playing, newcomer], budget, lambda items: handouts.append(sorted(i for i, _ in items)))
+        assert handouts == [[1], [0]]
+    else:
+        assert handouts == [[0], [1]]
+    for stream in (playing, newcomer):
+        stream.close()
