@@ -1,25 +1,14 @@
 """On a CPU an urgent hop whose listener still has audio to spare runs after the step's opening hops, and a
-request that arrives before it runs ends the step first; an urgent closing pass with slack to spare runs
-by slices, a newcomer ending it between two (tts_engine/backends/cosyvoice/step.py, ``_can_wait``).
-Steps, hand-out order and samples are checked, not seconds: the call-cost estimates are set."""
+request that arrives before it runs ends the step first (tts_engine/backends/cosyvoice/step.py,
+``_can_wait``). Steps and hand-out order are checked, not seconds: the call-cost estimates are set."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from cosyvoice.model import CosyVoice3
 from gateway.voices.store import VoiceStore
-from tests.test_first_audio_bursts import (  # noqa: F401 - model, voices: the fixtures
-    PLAYING,
-    _samples,
-    _to_end,
-    _until_closing,
-    make_backend,
-    model,
-    playing_and_newcomer,
-    voices,
-)
+from tests.test_first_audio_bursts import make_backend, model, playing_and_newcomer, voices  # noqa: F401
 from tts_engine.backends.cosyvoice import CosyVoiceBackend
 from tts_engine.budget import Lane, StepBudget
 
@@ -86,44 +75,3 @@ def test_a_request_arriving_before_the_waiting_hop_runs_ends_the_step(
         assert handouts == [[0], [1]]
     for stream in (playing, newcomer):
         stream.close()
-
-
-@pytest.mark.parametrize("slack_s", [30.0, 0.1])
-def test_a_newcomer_ends_an_urgent_closing_pass_with_slack_to_spare_between_two_slices(
-    model: CosyVoice3,  # noqa: F811
-    voices: VoiceStore,  # noqa: F811
-    slack_s: float,
-) -> None:
-    """An urgent stream at its exact closing pass, no opening in the step: with slack to spare for a
-    newcomer's opening the pass runs by slices and a request arriving after the first ends it (the rest
-    runs next step, the audio the same bit for bit); with too little it runs whole."""
-    backend = make_backend(model, voices, burst=32)
-    whole: list[np.ndarray] = []
-    reference = backend.open_stream(PLAYING[1], "default", 1.0)
-    _until_closing(backend, reference, whole)
-    _to_end(backend, reference, whole, Lane.URGENT)  # no slack known: the closing pass whole
-    reference.close()
-
-    chunks: list[np.ndarray] = []
-    stream = backend.open_stream(PLAYING[1], "default", 1.0)  # the same text and seed: the same tokens
-    _until_closing(backend, stream, chunks)
-    _estimates(backend, COST_S)
-    answers = iter([False, False])  # no request before the pass nor before its first slice ...
-
-    def arrived() -> bool:
-        return next(answers, True)  # ... then one arrives
-
-    before = backend.step_stats()
-    [out] = backend.step([stream], StepBudget(lanes=(Lane.URGENT,), slack=(slack_s,)), None, arrived)
-    after = backend.step_stats()
-    if slack_s > 1.0:
-        assert _samples(out) == 0 and stream.next_job() is not None and stream.next_job().finalize
-        assert after["steps_yielded"] == before["steps_yielded"] + 1
-        assert after["closing_pauses"] == before["closing_pauses"] + 1 and after["urgent_waits"] == 1
-    else:
-        assert _samples(out) > 0 and after["closing_pauses"] == before["closing_pauses"]
-        assert after["urgent_waits"] == 0
-        chunks.append(np.asarray(out))
-    _to_end(backend, stream, chunks, Lane.URGENT)
-    stream.close()
-    assert np.array_equal(np.concatenate(chunks), np.concatenate(whole))

@@ -114,16 +114,15 @@ class BatchedStep(LLMStepping, WaveStepping):
         # outlasts the longest recent step, so it can wait one.
         self.short_closings_yield = rows_cost
         # With rows_cost, an urgent row (a hop or closing pass of a stream whose lead is under the longest
-        # recent step) whose slack still covers its own call and WAIT_MARGIN times the step's openings
-        # (or, without any, a newcomer's: the step's LLM time and an opening), each call at the longest
-        # time a row of the last CALL_WINDOW, runs after the rest of the urgent group; a request that
-        # arrives before it runs, or between two slices of its exact closing pass, ends the step while
-        # that slack also covers one more opening. A probe at load 0.6 found most of the slowest first
-        # chunks waiting behind urgent hops and closing passes (67-339 ms) of streams with more lead.
+        # recent step) whose slack still covers WAIT_MARGIN times the openings' calls and its own (the
+        # longest of the last CALL_WINDOW of each kind) runs after the step's opening hops; and when a
+        # request arrives before it runs and its slack also covers a newcomer's opening, the step ends
+        # first. A probe at load 0.6 found most of the slowest first chunks waiting behind urgent hops
+        # and closing passes (67-339 ms) of streams with more lead than that.
         self.call_seconds: dict[str, deque[float]] = {
             kind: deque(maxlen=CALL_WINDOW) for kind in ("opening", "urgent")
         }
-        self.num_urgent_waits = 0  # urgent rows run after the rest of their group, having slack to spare
+        self.num_urgent_waits = 0  # urgent rows that ran after a step's openings, having the slack to
 
     def run(
         self,
@@ -171,29 +170,17 @@ class BatchedStep(LLMStepping, WaveStepping):
         ran = {id(stream) for stream, _ in first}  # one call a stream a step
         first, rows = self._take(first, rows)
         chunks: Chunks = {}
-        # the urgent rows that can wait for the step's openings, or without any, for a newcomer's
-        lead_in = waves_started - started
         openings = sum(job.token_offset == 0 for _, job in first)
-        if openings:
-            waits = self._can_wait(first, slack, started, openings)
-        else:
-            waits = self._can_wait(first, slack, started, 1, lead_in)
-        calls, after = self._urgent_calls(first, waits)
+        calls, after = self._urgent_calls(first, self._can_wait(first, slack, started, openings))
         for group in calls:
             chunks.update(self._timed_group(group, errors))
             chunks = self._emit(chunks, emit)
-
-        def newcomer_first() -> bool:  # a request arrived, and these can wait for its opening too
-            return yielding() and len(self._can_wait(after, slack, started, 1, lead_in)) == len(after)
-
-        yields = self.num_yields
-        if after and newcomer_first():
-            self.num_yields += 1
-            return chunks
-        chunks.update(self._timed_group(after, errors, newcomer_first))  # closings: slices, ended by it
+        if after and yielding():  # a newcomer: its opening first if these can wait for it too
+            if len(self._can_wait(after, slack, started, 1, waves_started - started)) == len(after):
+                self.num_yields += 1
+                return chunks
+        chunks.update(self._timed_group(after, errors))
         chunks = self._emit(chunks, emit)
-        if self.num_yields > yields:
-            return chunks  # a newcomer ended a closing pass between two slices
         if yielding():
             self.num_yields += 1
             return chunks
@@ -231,9 +218,9 @@ class BatchedStep(LLMStepping, WaveStepping):
         lead_in: float = 0.0,
     ) -> set[int]:
         """The non-opening rows (by id of stream) whose slack left covers their own call (all of them in one
-        batch) and ``WAIT_MARGIN`` times ``openings`` opening calls after ``lead_in`` seconds, each row
-        estimated by the longest recent time a row of an urgent call; none without ``rows_cost``, slack or
-        estimates."""
+        batch) and ``WAIT_MARGIN`` times ``openings`` opening calls after ``lead_in`` seconds, each call
+        estimated by the longest recent one (an urgent call by its longest time a row); none without
+        ``rows_cost``, slack or estimates."""
         seconds = self.call_seconds
         if not self.rows_cost or slack is None or not openings or not all(seconds.values()):
             return set()
@@ -252,16 +239,17 @@ class BatchedStep(LLMStepping, WaveStepping):
     ) -> tuple[list[list[tuple[CosyVoiceStream, HopJob]]], list[tuple[CosyVoiceStream, HopJob]]]:
         """The urgent group's flow calls: one batch; or, with ``rows_cost``, in rank order (least
         slack first), each opening hop (the first audio of a waiting listener) in a call of its own and the
-        other rows between two openings batched together; apart, the rows of ``waits`` (streams with
-        slack to spare, ``_can_wait``), to run after the rest."""
-        after = [(stream, job) for stream, job in first if id(stream) in waits]
-        self.num_urgent_waits += len(after)
-        rest = [(stream, job) for stream, job in first if id(stream) not in waits]
-        if not self.rows_cost or len(rest) < 2 or not any(job.token_offset == 0 for _, job in rest):
-            return [rest], after
+        other rows between two openings batched together; and the rows of ``waits`` (streams with
+        slack to spare, ``_can_wait``), batched after the last opening."""
+        if not self.rows_cost or len(first) < 2 or not any(job.token_offset == 0 for _, job in first):
+            return [first], []
         calls: list[list[tuple[CosyVoiceStream, HopJob]]] = []
         batch: list[tuple[CosyVoiceStream, HopJob]] = []
-        for stream, job in rest:
+        after = [(stream, job) for stream, job in first if id(stream) in waits]
+        self.num_urgent_waits += len(after)
+        for stream, job in first:
+            if id(stream) in waits:
+                continue
             if job.token_offset != 0:
                 batch.append((stream, job))
                 continue

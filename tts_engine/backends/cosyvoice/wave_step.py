@@ -109,18 +109,14 @@ class WaveStepping:
                 errors[id(stream)] = exc
         return chunks
 
-    def _timed_group(
-        self, group: list[tuple[CosyVoiceStream, HopJob]], errors: Errors, stop: Stop = never
-    ) -> Chunks:
-        """One call of the urgent group, every closing pass whole (with a ``stop``: by slices until it
-        turns true, ``_wave_group``), its time a row kept for ``_can_wait`` unless it stopped."""
+    def _timed_group(self, group: list[tuple[CosyVoiceStream, HopJob]], errors: Errors) -> Chunks:
+        """One call of the urgent group (every closing pass whole), its time kept for ``_can_wait``."""
         if not group:
             return {}
-        started, yields = time.perf_counter(), self.num_yields
-        chunks = self._wave_group(group, errors, whole=None, stop=stop)
-        if self.num_yields == yields:
-            opening = len(group) == 1 and group[0][1].token_offset == 0
-            self.call_seconds["opening" if opening else "urgent"].append((time.perf_counter() - started) / len(group))
+        started = time.perf_counter()
+        chunks = self._wave_group(group, errors, whole=None)
+        opening = len(group) == 1 and group[0][1].token_offset == 0
+        self.call_seconds["opening" if opening else "urgent"].append((time.perf_counter() - started) / len(group))
         return chunks
 
     def _wave_group(
