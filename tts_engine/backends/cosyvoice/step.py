@@ -61,7 +61,7 @@ STEP_ORDERS = ("slack", "together")
 DECODE_BURST = 32  # extra decode iterations a step may run for streams whose audio is due (_decode_burst)
 SHORT_WHOLE_CLOSINGS = 1  # exact closing calls of the short lane run whole per step; the rest by slices
 WAIT_MARGIN = 2.0  # an urgent row waits for openings only with this many times their estimated cost to spare
-CALL_WINDOW = 16  # urgent flow calls whose durations make the estimates (the longest, by kind, per row)
+CALL_WINDOW = 16  # urgent flow calls whose durations make the estimates (the longest time a row; openings apart)
 _NO_AUDIO = np.zeros(0, dtype=np.float32)
 
 
@@ -114,15 +114,15 @@ class BatchedStep(LLMStepping, WaveStepping):
         # outlasts the longest recent step, so it can wait one.
         self.short_closings_yield = rows_cost
         # With rows_cost, an urgent row (a hop or closing pass of a stream whose lead is under the longest
-        # recent step) whose slack still covers WAIT_MARGIN times the openings' calls and its own (the
-        # longest of the last CALL_WINDOW of each kind) runs after the step's opening hops; and when a
-        # request arrives before it runs and its slack also covers a newcomer's opening, the step ends
-        # first. A probe at load 0.6 found most of the slowest first chunks waiting behind urgent hops
-        # and closing passes (67-339 ms) of streams with more lead than that.
+        # recent step) whose slack still covers its own call plus WAIT_MARGIN times the openings' calls
+        # (each at the longest time a row of the last CALL_WINDOW calls, openings apart) runs after the
+        # step's opening hops; and when a request arrives before it runs and its slack also covers a
+        # newcomer's opening, the step ends first. A probe at load 0.6 found most of the slowest first
+        # chunks waiting behind urgent hops and closing passes (67-339 ms) of streams with more lead.
         self.call_seconds: dict[str, deque[float]] = {
             kind: deque(maxlen=CALL_WINDOW) for kind in ("opening", "urgent")
         }
-        self.num_urgent_waits = 0  # urgent rows that ran after a step's openings, having the slack to
+        self.num_urgent_waits = 0  # urgent rows that ran after a step's openings, having slack to spare
 
     def run(
         self,
