@@ -290,3 +290,37 @@ def test_without_a_newcomer_the_short_lanes_closing_calls_all_go_on(model: CosyV
     assert after["closing_pauses"] == before["closing_pauses"] + 1
     for stream in streams:
         stream.close()
+
+
+@pytest.mark.parametrize(("riders", "other_lane"), [(4, Lane.COMFORTABLE), (0, Lane.COMFORTABLE), (4, Lane.BACKGROUND)])
+def test_other_running_llms_ride_along_a_newcomers_burst(
+    model: CosyVoice3, voices: VoiceStore, riders: int, other_lane: Lane
+) -> None:
+    """A newcomer's burst decodes up to ``burst_riders`` other running LLMs in the same iterations (their
+    tokens are due anyway and a batched row costs a fraction of an iteration of its own); a batch request
+    held while someone waits (``BACKGROUND``) never rides. Riders never lengthen the burst, and the
+    newcomer's tokens are the same."""
+    backend = make_backend(model, voices, burst=32)
+    backend.stepper.burst_riders = riders
+    backend.stepper._catch_up = lambda *args, **kwargs: None  # type: ignore[method-assign]  # tokens by count
+    other, newcomer = (backend.open_stream(t, "default", 1.0) for t in (PLAYING[0], NEWCOMER))
+    backend.step([other], StepBudget(lanes=(Lane.URGENT,)))  # its opening hop; its LLM goes on
+    before = len(other.segments[0].llm.out_tokens)
+    assert other.segments[0].wave.token_offset > 0 and before + 32 < 120  # fixed_llm_tokens: it runs on
+    start = backend.step_stats()
+    backend.step([newcomer, other], StepBudget(lanes=(Lane.URGENT, other_lane)))
+    stats = {key: value - start[key] for key, value in backend.step_stats().items()}
+    iterations = stats["decode_bursts"]
+    assert iterations >= 20  # the newcomer's 25 tokens + 3 of look-ahead, less its prefill's
+    rides = riders > 0 and other_lane != Lane.BACKGROUND
+    assert stats["decode_burst_riders"] == (iterations if rides else 0)
+    assert stats["decode_burst_rows"] == iterations  # the newcomer alone was short of tokens
+    gained = len(other.segments[0].llm.out_tokens) - before  # the step's own decode (unless held), then rides
+    assert gained >= iterations if rides else gained <= 1
+    alone = make_backend(model, voices, burst=32)
+    alone.stepper._catch_up = lambda *args, **kwargs: None  # type: ignore[method-assign]
+    solo = alone.open_stream(NEWCOMER, "default", 1.0)
+    alone.step([solo], StepBudget(lanes=(Lane.URGENT,)))
+    assert solo.segments[0].llm.out_tokens == newcomer.segments[0].llm.out_tokens  # riders change no token
+    for stream in (newcomer, other, solo):
+        stream.close()

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from cosyvoice.token2wav import HopJob, PendingClosing, Token2Wav
-from tts_engine.backends.cosyvoice.llm_step import Errors, LLMStepping
+from tts_engine.backends.cosyvoice.llm_step import BURST_RIDERS, Errors, LLMStepping
 from tts_engine.backends.cosyvoice.request import CosyVoiceStream
 from tts_engine.backends.cosyvoice.wave_step import (
     HOP_KINDS,
@@ -98,6 +98,8 @@ class BatchedStep(LLMStepping, WaveStepping):
         self.decode_burst = decode_burst
         self.num_burst_decodes = 0  # extra decode iterations run by _decode_burst
         self.num_burst_rows = 0  # ... and their rows
+        self.burst_riders = BURST_RIDERS  # other streams' LLM rows decoded along each burst iteration
+        self.num_burst_riders = 0  # ... rows of those
         self.num_catch_up_decodes = 0  # decode iterations run by _catch_up
         self.num_yields = 0  # steps ended after their urgent audio for a request that arrived meanwhile
         # A flow call costs in proportion to its rows (a CPU: tiny preset, 1 thread, one opening 44.9 ms, two
@@ -148,7 +150,8 @@ class BatchedStep(LLMStepping, WaveStepping):
         self._llm_step(streams, errors, budget.prefill_rows)
         bursts = self.order == "slack" and budget.lanes is not None  # lanes: a scheduler ranks the streams
         if bursts:  # tokens for every waiting opening hop and every critical stream
-            self._decode_burst([s for s, lane in streams if lane == Lane.URGENT or _opens(s, lane)], errors)
+            riders = [s for s, lane in streams if lane != Lane.BACKGROUND]  # not a batch request while one waits
+            self._decode_burst([s for s, lane in streams if lane == Lane.URGENT or _opens(s, lane)], errors, riders)
         self.seconds["llm"] += time.perf_counter() - started
         waves_started = time.perf_counter()
         ready = self._ready(streams, errors)
@@ -189,7 +192,7 @@ class BatchedStep(LLMStepping, WaveStepping):
         started = time.perf_counter()
         short_lane = [s for s, lane in streams if lane == Lane.SHORT and id(s) not in errors and id(s) not in ran]
         if bursts:
-            self._decode_burst(short_lane, errors)
+            self._decode_burst(short_lane, errors, [s for s, lane in streams if lane != Lane.BACKGROUND])
         self.seconds["llm"] += time.perf_counter() - started
         short = [(stream, job) for stream, _, job in self._ready([(s, Lane.SHORT) for s in short_lane], errors)]
         short, rows = self._take(short, rows)
