@@ -90,8 +90,14 @@ def test_concurrent_streams_are_counted_until_released() -> None:
     third = limiter.admit_speech(alice, 5)
     assert limiter.in_flight(alice) == 2
     second.release()
-    third.release()
+    third.end_stream()  # its audio ended: the slot is free before the answer is over
     assert limiter.in_flight(alice) == 0
+    third.release()
+    assert limiter.in_flight(alice) == 0  # not freed twice
+    fourth, fifth = limiter.admit_speech(alice, 5), limiter.admit_speech(alice, 5)
+    assert limiter.in_flight(alice) == 2
+    fourth.release()
+    fifth.release()
 
 
 def test_a_quota_counts_what_was_used_and_what_is_in_flight() -> None:
@@ -104,6 +110,9 @@ def test_a_quota_counts_what_was_used_and_what_is_in_flight() -> None:
     assert exc.code == "insufficient_quota" and exc.headers["x-should-retry"] == "false"
     assert int(exc.headers["Retry-After"]) >= 1
     ticket = limiter.admit_speech(alice, 6)  # in flight: 96 of 100
+    with pytest.raises(RateLimited):
+        limiter.admit_speech(alice, 5)
+    ticket.end_stream()  # the audio ended, the meter does not have it yet: its characters still count
     with pytest.raises(RateLimited):
         limiter.admit_speech(alice, 5)
     ticket.release()

@@ -175,8 +175,9 @@ def check_voice_allowed(account: Account, voice: str, *, param: str = "voice") -
 
 async def admit(services: Services, account: Account, served: Served | None, text: str) -> SpeechTicket:
     """The account's limits for a speech request of ``text`` (characters per minute, streams, quota),
-    checked before any work starts: 429 past one. The ticket is released when the answer is over (by the
-    HTTP guard through ``served``, or by the caller)."""
+    checked before any work starts: 429 past one. The ticket's stream slot is freed when its audio ends
+    (``CountingStream``), the whole ticket when the answer is over (by the HTTP guard through ``served``,
+    or by the caller)."""
     try:
         await services.usage.refresh_quota(account)
         ticket = services.limiter.admit_speech(account, len(text))

@@ -126,13 +126,24 @@ class SpeechTicket:
     chars: int
     _state: _State | None
     released: bool = False
+    stream_ended: bool = False  # its audio is all out: the stream slot is free, the characters still held
+
+    def end_stream(self) -> None:
+        """Free the stream slot once the audio has ended, before the answer's last bytes go out, so a
+        client that starts its next request when one ends never finds its slot still taken. The
+        characters stay reserved until ``release`` (after the usage meter has them)."""
+        if self.stream_ended or self.released:
+            return
+        self.stream_ended = True
+        if self._state is not None:
+            self._state.streams -= 1
 
     def release(self) -> None:
         if self.released:
             return
+        self.end_stream()
         self.released = True
         if self._state is not None:
-            self._state.streams -= 1
             self._state.reserved_chars -= self.chars
             self._state.tickets.discard(self)
 

@@ -70,6 +70,8 @@ class CountingStream(PassThroughStream):
         try:
             chunk = await self.inner.__anext__()
         except StopAsyncIteration:
+            if self.served.ticket is not None:
+                self.served.ticket.end_stream()  # before the answer's last bytes: the slot is free by then
             raise
         except Exception:
             self.served.failed = True
