@@ -149,8 +149,8 @@ class BatchedStep(LLMStepping, WaveStepping):
         started = time.perf_counter()
         self._llm_step(streams, errors, budget.prefill_rows)
         bursts = self.order == "slack" and budget.lanes is not None  # lanes: a scheduler ranks the streams
+        riders = [s for s, lane in streams if lane != Lane.BACKGROUND]  # not a batch request while one waits
         if bursts:  # tokens for every waiting opening hop and every critical stream
-            riders = [s for s, lane in streams if lane != Lane.BACKGROUND]  # not a batch request while one waits
             self._decode_burst([s for s, lane in streams if lane == Lane.URGENT or _opens(s, lane)], errors, riders)
         self.seconds["llm"] += time.perf_counter() - started
         waves_started = time.perf_counter()
@@ -192,7 +192,7 @@ class BatchedStep(LLMStepping, WaveStepping):
         started = time.perf_counter()
         short_lane = [s for s, lane in streams if lane == Lane.SHORT and id(s) not in errors and id(s) not in ran]
         if bursts:
-            self._decode_burst(short_lane, errors, [s for s, lane in streams if lane != Lane.BACKGROUND])
+            self._decode_burst(short_lane, errors, riders)
         self.seconds["llm"] += time.perf_counter() - started
         short = [(stream, job) for stream, _, job in self._ready([(s, Lane.SHORT) for s in short_lane], errors)]
         short, rows = self._take(short, rows)
