@@ -52,6 +52,9 @@ each reply's), p95 over the lone first chunk, the replies' own first chunk p95, 
 (a started sentence ran dry; and how many sentences did), late starts (a sentence began after the one
 before had finished playing), failures, aggregate audio/s, the engine's busy share and the closing
 pass's share of it. ``--step-order together`` runs the step order of before (for a before / after).
+``--explain N`` records every step's calls (tts_engine/backends/cosyvoice/timeline.py; on a GPU each
+call synchronised, so its time is its kernels') and prints, after each load's row, where its N slowest
+sentence first chunks waited: time inside steps by kind of call, time outside steps, the longest calls.
 The run prints the commit and every setting; seeds are fixed (``--seed``).
 
 Imports only torch / numpy / tokenizers / safetensors / pyyaml / onnxruntime (no web stack).
@@ -150,6 +153,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--capacity", type=float, default=None, help="poisson: audio s/s taken as the capacity (default: measured)"
     )
+    parser.add_argument(
+        "--explain", type=int, default=0, metavar="N",
+        help="poisson: after each load, what the engine ran while its N slowest sentence first chunks waited",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 

@@ -33,6 +33,7 @@ from scripts.bench_traffic import (
     tokens_for,
 )
 from tts_engine import TTSEngine
+from tts_engine.backends.cosyvoice.timeline import Timeline, explain
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The reference sentences, alone one at a time (72-163 tokens each, both languages): 12, as the median of 6
@@ -56,6 +57,19 @@ def git_commit() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return (head or "unknown") + (" (with uncommitted changes)" if dirty else "")
+
+
+def explain_slowest(result: LoadResult, timeline: Timeline, count: int) -> list[str]:
+    """Where the ``count`` slowest sentence first chunks of a load waited (``timeline.explain``)."""
+    records = [r for r in result.records if r.first_chunk_s is not None and r.arrived_at is not None]
+    records.sort(key=lambda r: -(r.first_chunk_s or 0.0))
+    lines: list[str] = []
+    for record in records[:count]:
+        assert record.arrived_at is not None
+        summary, *calls = explain(timeline, record.requested_at, record.arrived_at)
+        lines.append(f"  slow first chunk (reply {record.reply}, sentence {record.index + 1}): {summary}")
+        lines.extend("  " + call for call in calls)
+    return lines
 
 
 def stat_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
@@ -127,7 +141,8 @@ async def run_poisson(args: argparse.Namespace, model: Any, make_backend: Callab
         f"threads={torch.get_num_threads()} streams(KV slots)={streams} max_hop_rows={args.max_hop_rows} "
         f"flow_cache={args.flow_cache} final_pass={args.final_pass} step_order={args.step_order} "
         f"cuda_graphs={args.cuda_graphs} torch_compile={args.torch_compile} prompt={args.prompt_seconds}s "
-        f"voices={args.voices} rate={args.rate} replies/load={args.replies} seed={args.seed} loads={args.load}",
+        f"voices={args.voices} rate={args.rate} replies/load={args.replies} seed={args.seed} loads={args.load}"
+        f"{f' explain={args.explain} (calls timed, synchronised on a GPU)' if args.explain else ''}",
         flush=True,
     )
     voices = [f"bench{i}" for i in range(args.voices)]
@@ -136,6 +151,10 @@ async def run_poisson(args: argparse.Namespace, model: Any, make_backend: Callab
         backend = make_backend(
             model, args, streams, Path(tmp), args.voices, flow_cache=args.flow_cache != "off", tokens=tokens_for
         )
+        timeline = None
+        if args.explain > 0:
+            sync = torch.cuda.synchronize if torch.device(args.device).type == "cuda" else None
+            timeline = backend.stepper.timeline = Timeline(sync)
         engine = TTSEngine(backend, max_queue_wait_s=None, max_pending_requests=4096)
         await engine.start()
         try:
@@ -167,6 +186,8 @@ async def run_poisson(args: argparse.Namespace, model: Any, make_backend: Callab
                 result = await one_load(engine, load, replies, arrivals, voices, args.rate)
                 rows[load] = result.row(lone)
                 print(table_row(rows[load]), flush=True)
+                if timeline is not None:
+                    print("\n".join(explain_slowest(result, timeline, args.explain)), flush=True)
         finally:
             await engine.close()
     for load, limit in GOALS.items():

@@ -27,6 +27,7 @@ POISSON_STREAMS = "16"  # the engine's KV slots in the Poisson runs (64 with 150
 # Replies per load: 16 printed no row within 120 s on an H200 at b573ef0 (paced warm-up and lone sentences);
 # 8 finished both loads in about 155 s with them, so the lone sentences now run unpaced and the step has 150 s.
 POISSON_REPLIES = "8"
+EXPLAIN = 3  # the Poisson run says where its 3 slowest sentence first chunks waited (bench_engine --explain)
 NO_FLAG_NOTE = "bench_engine.py has no --flow-cache flag yet: ran with its default (no flow cache)"
 # What --fail-step puts in place of a step's command (tests: a failing measurement must not stop the rest).
 FAIL_COMMAND = ["-c", "import sys; print('injected failure (--fail-step)'); sys.exit(3)"]
@@ -155,9 +156,12 @@ def _core_steps(opts: Options) -> list[Step]:
     grid = Step("engine-grid", title, "scripts/bench_engine.py", budget_s=120.0)
     grid.args = _engine_args(opts, streams, *_cache_flag(opts), *graphs, "--no-baseline")
     grid.note = NO_FLAG_NOTE if not opts.flow_cache_flag else ("" if graphs else "no CUDA: without CUDA graphs")
-    title = "bench_engine --arrivals poisson: load 0.6 and 0.9 of the measured capacity (slack step order)"
+    title = (
+        f"bench_engine --arrivals poisson: load 0.6 and 0.9 of the measured capacity (slack step order; "
+        f"where the {EXPLAIN} slowest first chunks waited)"
+    )
     poisson = Step("poisson", title, "scripts/bench_engine.py", budget_s=150.0, min_s=40.0)
-    poisson.args = _poisson_args(opts, *graphs)
+    poisson.args = _poisson_args(opts, *graphs, "--explain", str(EXPLAIN))
     title = "memory plan (tts_engine/memory.py) against torch.cuda.max_memory_allocated"
     plan = Step("memory-plan", title, "scripts/gpu_report_memory.py", budget_s=60.0)  # 26 s on an H200
     plan.args = ["--model-dir", str(opts.model_dir), "--device", opts.device, "--dtype", "bfloat16"]

@@ -117,6 +117,9 @@ def test_cpu_quick_run_writes_every_section_and_survives_a_failing_step(tmp_path
     for key in ("poisson", "poisson-together"):
         assert re.search(r"^ 0\.60 +\d+ ", status[key], re.MULTILINE) and re.search(r"^ 0\.90 +\d+ ", status[key], re.MULTILINE)
     assert "step_order=together" in status["poisson-together"] and "step_order=slack" in status["poisson"]
+    # the slack run explains its slowest first chunks: where the wait went, by kind of call
+    assert re.search(r"^  slow first chunk \(reply \d+, sentence \d+\): \d+ ms: \d+ steps", status["poisson"], re.MULTILINE)
+    assert "slow first chunk" not in status["poisson-together"]
     assert re.search(r"^- poisson: `load 0\.6: sentence first-chunk p95 = ", report, re.MULTILINE)
     assert re.search(r"^bfloat16\s+\d", status["precision"], re.MULTILINE)
     assert "planned total" in status["memory-plan"]

@@ -12,6 +12,7 @@ from typing import Any
 
 from cosyvoice.llm import LLMRequest
 from tts_engine.backends.cosyvoice.request import CosyVoiceStream
+from tts_engine.backends.cosyvoice.timeline import Timeline, span_of
 from tts_engine.budget import Lane, StepBudget
 
 Errors = dict[int, BaseException]  # id(stream) -> what failed it
@@ -36,6 +37,8 @@ class LLMStepping:
     num_burst_riders: int
     burst_riders: int
     num_catch_up_decodes: int
+    num_catch_up_rows: int
+    timeline: Timeline | None  # what each call ran and when (a benchmark's; None in a server)
 
     def _llm_step(
         self, streams: Sequence[tuple[CosyVoiceStream, Lane]], errors: Errors, prefill_rows: int | None
@@ -54,10 +57,11 @@ class LLMStepping:
                     self.num_llm_held += 1
                     continue
             (prefill if request.slot is None else decode).append((stream, request))
-        self._run_llm(self.runner.decode_step, decode, errors)
         prefill, deferred = StepBudget.take(prefill, prefill_rows)
         self.num_prefills_deferred += deferred
-        self._run_llm(self.runner.prefill, prefill, errors)
+        with span_of(self.timeline, "llm", len(decode) + len(prefill), lambda: f"prefill {len(prefill)}"):
+            self._run_llm(self.runner.decode_step, decode, errors)
+            self._run_llm(self.runner.prefill, prefill, errors)
 
     def _catch_up(
         self,
@@ -71,8 +75,20 @@ class LLMStepping:
         (25 tokens a second of audio) once steps run other streams' hops for more than 40 ms, and a
         stream holds its KV cache slot until its LLM finishes; the rows are batched, so the tokens cost
         little each. A true ``stop()`` (a request arrived) ends it."""
+        if wave_seconds <= 0:
+            return
         deadline = time.perf_counter() + CATCH_UP_SHARE * wave_seconds
-        for _ in range(self.decode_burst if wave_seconds > 0 else 0):
+        before, rows_before = self.num_catch_up_decodes, self.num_catch_up_rows
+        with span_of(
+            self.timeline, "catch-up", 0,
+            lambda: f"{self.num_catch_up_decodes - before} iterations, {self.num_catch_up_rows - rows_before} rows",
+        ):  # fmt: skip
+            self._catch_up_iterations(streams, errors, deadline, stop)
+
+    def _catch_up_iterations(
+        self, streams: Sequence[CosyVoiceStream], errors: Errors, deadline: float, stop: Callable[[], bool]
+    ) -> None:
+        for _ in range(self.decode_burst):
             rows = [
                 (stream, request)
                 for stream in streams
@@ -82,6 +98,7 @@ class LLMStepping:
                 return  # done, out of time, or a request arrived: its step comes first
             self._run_llm(self.runner.decode_step, rows, errors)
             self.num_catch_up_decodes += 1
+            self.num_catch_up_rows += len(rows)
 
     def _decode_burst(
         self, candidates: Sequence[CosyVoiceStream], errors: Errors, riders: Sequence[CosyVoiceStream] = ()
@@ -94,7 +111,20 @@ class LLMStepping:
         tokens whenever they are drawn. Up to ``burst_riders`` of ``riders`` (other streams whose LLM
         still runs, in rank order) are decoded in the same iterations: their tokens are due anyway, and
         a row in a batch costs a fraction of an iteration of its own. They never lengthen the burst."""
-        for _ in range(self.decode_burst if candidates else 0):
+        if not candidates:
+            return
+        before, rows_before = self.num_burst_decodes, self.num_burst_rows + self.num_burst_riders
+        with span_of(
+            self.timeline, "burst", len(candidates),
+            lambda: f"{self.num_burst_decodes - before} iterations, "
+            f"{self.num_burst_rows + self.num_burst_riders - rows_before} rows",
+        ):  # fmt: skip
+            self._burst_iterations(candidates, errors, riders)
+
+    def _burst_iterations(
+        self, candidates: Sequence[CosyVoiceStream], errors: Errors, riders: Sequence[CosyVoiceStream]
+    ) -> None:
+        for _ in range(self.decode_burst):
             rows: list[tuple[CosyVoiceStream, LLMRequest]] = []
             for stream in candidates:
                 request = stream.llm_request()

@@ -46,6 +46,7 @@ import torch
 from cosyvoice.token2wav import HopJob, PendingClosing, Token2Wav
 from tts_engine.backends.cosyvoice.llm_step import BURST_RIDERS, Errors, LLMStepping
 from tts_engine.backends.cosyvoice.request import CosyVoiceStream
+from tts_engine.backends.cosyvoice.timeline import Timeline, span_of
 from tts_engine.backends.cosyvoice.wave_step import (
     HOP_KINDS,
     Chunks,
@@ -68,6 +69,12 @@ _NO_AUDIO = np.zeros(0, dtype=np.float32)
 def _opens(stream: CosyVoiceStream, lane: Lane) -> bool:
     """Its next audio is an opening hop that may run this step (not a batch stream held back)."""
     return lane != Lane.BACKGROUND and stream.awaits_opening
+
+
+def _lanes(streams: Sequence[tuple[CosyVoiceStream, Lane]]) -> str:
+    """A step's streams by lane for a timeline (\"URGENT 2 SHORT 1\")."""
+    lanes = [lane for _, lane in streams]
+    return " ".join(f"{lane.name} {lanes.count(lane)}" for lane in Lane if lane in lanes)
 
 
 class BatchedStep(LLMStepping, WaveStepping):
@@ -101,6 +108,8 @@ class BatchedStep(LLMStepping, WaveStepping):
         self.burst_riders = BURST_RIDERS  # other streams' LLM rows decoded along each burst iteration
         self.num_burst_riders = 0  # ... rows of those
         self.num_catch_up_decodes = 0  # decode iterations run by _catch_up
+        self.num_catch_up_rows = 0  # ... and their rows
+        self.timeline: Timeline | None = None  # a benchmark's record of each call (timeline.py)
         self.num_yields = 0  # steps ended after their urgent audio for a request that arrived meanwhile
         # A flow call costs in proportion to its rows (a CPU: tiny preset, 1 thread, one opening 44.9 ms, two
         # together 77.9 ms). Then, in the slack order, each opening hop of the urgent group runs in a call
@@ -142,6 +151,18 @@ class BatchedStep(LLMStepping, WaveStepping):
         prefill and opening hop (a short lane stays safe: its lead is longer than the longest recent
         step, or it would be urgent). ``slack``: each stream's playback slack when the step was planned,
         by id (with ``rows_cost``, urgent rows with slack to spare wait for the openings)."""
+        with span_of(self.timeline, "step", len(streams), lambda: _lanes(streams)):
+            return self._run(streams, errors, budget, emit, should_yield, slack)
+
+    def _run(
+        self,
+        streams: Sequence[tuple[CosyVoiceStream, Lane]],
+        errors: Errors,
+        budget: StepBudget,
+        emit: Emit | None,
+        should_yield: Stop | None,
+        slack: Mapping[int, float] | None,
+    ) -> Chunks:
         for key, (stream, _) in list(self.closings.items()):
             if stream.closed:
                 del self.closings[key]  # finished, failed or aborted meanwhile

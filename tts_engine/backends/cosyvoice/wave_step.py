@@ -15,6 +15,7 @@ import torch
 from cosyvoice.token2wav import HopJob, PendingClosing, Token2Wav
 from tts_engine.backends.cosyvoice.llm_step import Errors
 from tts_engine.backends.cosyvoice.request import CosyVoiceStream
+from tts_engine.backends.cosyvoice.timeline import Timeline, span_of
 
 Chunks = dict[int, torch.Tensor]  # id(stream) -> its new audio
 Stop = Callable[[], bool]  # true once a request arrived: the step's work that can wait ends there
@@ -26,6 +27,12 @@ def never() -> bool:
     return False
 
 
+def _kinds(jobs: list[tuple[CosyVoiceStream, HopJob]]) -> str:
+    """A flow call's rows by kind for a timeline: O opening, H later hop, C closing (\"O1 H2\")."""
+    kinds = ["C" if job.finalize else "O" if job.token_offset == 0 else "H" for _, job in jobs]
+    return " ".join(f"{kind}{kinds.count(kind)}" for kind in "OHC" if kind in kinds)
+
+
 class WaveStepping:
     """The token2wav calls of ``BatchedStep`` (its ``token2wav``, time by kind and closing calls)."""
 
@@ -35,6 +42,7 @@ class WaveStepping:
     num_closing_pauses: int
     num_yields: int
     call_seconds: dict[str, deque[float]]  # recent urgent calls' seconds a row: "opening" and "urgent"
+    timeline: Timeline | None  # what each call ran and when (a benchmark's; None in a server)
 
     def _closing_slice(
         self, stream: CosyVoiceStream, job: HopJob, errors: Errors, steps: int | None, stop: Stop = never
@@ -42,6 +50,12 @@ class WaveStepping:
         """Advance ``stream``'s exact closing call by ``steps`` Euler steps (None: to its end, with a
         ``stop``: ``CLOSING_SLICE`` at a time until ``stop()`` turns true); its last audio once done.
         Sliced or whole, the same operations: the same samples."""
+        with span_of(self.timeline, "closing", 1):
+            return self._closing_call(stream, job, errors, steps, stop)
+
+    def _closing_call(
+        self, stream: CosyVoiceStream, job: HopJob, errors: Errors, steps: int | None, stop: Stop
+    ) -> torch.Tensor | None:
         t2w = self.token2wav
         started = time.perf_counter()
         try:
@@ -72,7 +86,8 @@ class WaveStepping:
             return {}
         started = time.perf_counter()
         try:
-            return self._wave_batch(jobs, errors)
+            with span_of(self.timeline, "flow", len(jobs), lambda: _kinds(jobs)):
+                return self._wave_batch(jobs, errors)
         finally:
             self._account(jobs, time.perf_counter() - started)
 
