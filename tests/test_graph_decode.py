@@ -14,7 +14,6 @@ from cosyvoice.llm import (
     LLMInputError,
     LLMRequest,
     LLMRunner,
-    StepOutput,
     generate,
     graph_decode,
 )
@@ -36,9 +35,9 @@ class RecordingRequest(LLMRequest):
         super().__init__(*args, **kwargs)
         self.logps: list[torch.Tensor] = []
 
-    def _advance(self, logp: torch.Tensor, stop_from: int) -> StepOutput:
+    def _sampling_logp(self, logp: torch.Tensor, stop_from: int) -> torch.Tensor:
         self.logps.append(logp.clone())
-        return super()._advance(logp, stop_from)
+        return super()._sampling_logp(logp, stop_from)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -15,7 +15,7 @@ from torch import nn
 
 from cosyvoice.llm.config import SamplingConfig
 from cosyvoice.llm.lm import CosyVoice3LM, LLMInputError, LLMPrompt
-from cosyvoice.llm.sampling import RasParams, SilentTokenFilter, make_generator, ras_sample
+from cosyvoice.llm.sampling import RasParams, SilentTokenFilter, make_generator, ras_sample, ras_sample_rows
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,15 +98,20 @@ class LLMRequest:
         """Cache positions the request may need: the prefix plus every fed-back token."""
         return self.num_prefix_tokens + self.max_len - 1
 
-    def _advance(self, logp: torch.Tensor, stop_from: int) -> StepOutput:
-        """One sampling step on this request's fp32 CPU log-probs [V]."""
-        if len(self.out_tokens) < self.min_len:
-            logp = logp.clone()
-            if self.lengths.mask_all_stops_before_min:
-                logp[stop_from:] = -float("inf")
-            else:
-                logp[stop_from] = -float("inf")  # the reference masks only this id (sos)
-        token = ras_sample(logp, self.out_tokens, self.generator, self.ras)
+    def _sampling_logp(self, logp: torch.Tensor, stop_from: int) -> torch.Tensor:
+        """The fp32 CPU log-probs [V] its next draw takes: ``logp``, or below ``min_len`` a copy with the
+        stop ids it may not take yet masked."""
+        if len(self.out_tokens) >= self.min_len:
+            return logp
+        logp = logp.clone()
+        if self.lengths.mask_all_stops_before_min:
+            logp[stop_from:] = -float("inf")
+        else:
+            logp[stop_from] = -float("inf")  # the reference masks only this id (sos)
+        return logp
+
+    def _accept(self, token: int, stop_from: int) -> StepOutput:
+        """Take the drawn ``token``: a stop ends the request, any other is emitted."""
         if token >= stop_from:
             self.finished, self.stop_token = True, token
             return StepOutput(None, False, True)
@@ -229,10 +234,24 @@ class LLMRunner:
         return self._advance_all(requests, logp)
 
     def _advance_all(self, requests: Sequence[LLMRequest], logp: torch.Tensor) -> list[StepOutput]:
-        """Sample every request from its row of the fp32 CPU log-probs [B, V]; free finished slots."""
+        """Sample every request from its row of the fp32 CPU log-probs [B, V]; free finished slots. Rows
+        with the same sampling parameters are drawn together (``ras_sample_rows``: the same draws as
+        ``ras_sample`` row by row, which takes the rest)."""
+        stop_from = self.model.speech_token_size
+        rows = [request._sampling_logp(row, stop_from) for request, row in zip(requests, logp, strict=True)]
+        tokens = None
+        if len(requests) > 1 and all(request.ras == requests[0].ras for request in requests):
+            histories, generators = [r.out_tokens for r in requests], [r.generator for r in requests]
+            tokens = ras_sample_rows(torch.stack(rows), histories, generators, requests[0].ras)
+        if tokens is not None:
+            steps = [request._accept(token, stop_from) for request, token in zip(requests, tokens, strict=True)]
+        else:  # one request, differing parameters, or a NaN row: each drawn and taken in turn
+            steps = [
+                request._accept(ras_sample(row, request.out_tokens, request.generator, request.ras), stop_from)
+                for request, row in zip(requests, rows, strict=True)
+            ]
         outputs = []
-        for request, row in zip(requests, logp, strict=True):
-            out = request._advance(row, self.model.speech_token_size)
+        for request, out in zip(requests, steps, strict=True):
             if out.finished:
                 self._release(request)
             outputs.append(out)

@@ -65,9 +65,37 @@ def stable_top_k(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     return values, ids[order]
 
 
+def stable_top_k_rows(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``stable_top_k`` of every row of ``probs`` [B, V] at once: (values, ids), each [B, k]; None when
+    a row holds NaN (then take each row through ``stable_top_k``).
+
+    Each row keeps the ids above its k-th largest value plus its lowest-numbered ids equal to it, k in
+    all, in ascending id order (``nonzero`` walks row by row), then a stable descending sort of those
+    k: the same ids in the same order as ``stable_top_k`` on the row, one call for the whole batch.
+    """
+    rows, vocab = probs.shape
+    k = min(k, vocab)
+    kth = torch.topk(probs, k, dim=1, sorted=False).values.min(dim=1, keepdim=True).values  # [B, 1]
+    if bool(torch.isnan(kth).any()):
+        return None
+    above = probs > kth  # [B, V], fewer than k a row
+    ties = probs == kth  # [B, V], at least one a row
+    room = k - above.sum(dim=1, keepdim=True)  # [B, 1]: the ties each row keeps, lowest ids first
+    keep = above | (ties & (ties.cumsum(dim=1) <= room))  # [B, V], exactly k a row
+    ids = keep.nonzero()[:, 1].view(rows, k)  # [B, k] ascending ids
+    values, order = probs.gather(1, ids).sort(dim=1, descending=True, stable=True)
+    return values, ids.gather(1, order)
+
+
 def nucleus_candidates(probs: torch.Tensor, top_p: float, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Kept (probabilities, ids) of a 1-D fp32 CPU probability vector, most likely first."""
-    sorted_probs, sorted_ids = stable_top_k(probs, top_k)  # [<= top_k], [<= top_k]
+    return nucleus_cut(*stable_top_k(probs, top_k), top_p)
+
+
+def nucleus_cut(
+    sorted_probs: torch.Tensor, sorted_ids: torch.Tensor, top_p: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The head of the top-k candidates (most likely first) that ``top_p`` keeps."""
     head = sorted_probs.numpy()  # [<= top_k]
     # running sums exactly as a left-to-right fp32 accumulation (numpy accumulate is sequential)
     running = np.cumsum(head, dtype=np.float32)  # [<= top_k]
@@ -90,6 +118,40 @@ def ras_sample(
     if logp.dim() != 1 or logp.device.type != "cpu" or logp.dtype != torch.float32:
         raise ValueError(f"logp must be a 1-D float32 CPU tensor, got {tuple(logp.shape)} {logp.dtype}")
     cand_probs, cand_ids = nucleus_candidates(logp.softmax(dim=0), params.top_p, params.top_k)
+    return _draw(cand_probs, cand_ids, logp, history, generator, params)
+
+
+def ras_sample_rows(
+    logp: torch.Tensor,
+    histories: Sequence[Sequence[int]],
+    generators: Sequence[torch.Generator],
+    params: RasParams = RasParams(),
+) -> list[int] | None:
+    """``ras_sample`` of each row of ``logp`` [B, V] with its own history and generator, all with the
+    same ``params``: the same ids, draw for draw, with the softmax and the top-k of every row found in
+    one call each (per row they were most of a batched decode step's cost a row on a CPU). None, with
+    no generator touched, when a row holds NaN: then draw row by row (``ras_sample``), so that only the
+    rows that cannot be drawn fail."""
+    if logp.dim() != 2 or logp.device.type != "cpu" or logp.dtype != torch.float32:
+        raise ValueError(f"logp must be a 2-D float32 CPU tensor, got {tuple(logp.shape)} {logp.dtype}")
+    top = stable_top_k_rows(logp.softmax(dim=1), params.top_k)
+    if top is None:
+        return None
+    return [
+        _draw(*nucleus_cut(top[0][row], top[1][row], params.top_p), logp[row], history, generator, params)
+        for row, (history, generator) in enumerate(zip(histories, generators, strict=True))
+    ]
+
+
+def _draw(
+    cand_probs: torch.Tensor,
+    cand_ids: torch.Tensor,
+    logp: torch.Tensor,
+    history: Sequence[int],
+    generator: torch.Generator,
+    params: RasParams,
+) -> int:
+    """One draw among the candidates; a repeat too frequent in the window is drawn again from ``logp``."""
     token = int(cand_ids[torch.multinomial(cand_probs, 1, replacement=True, generator=generator)].item())
     window = list(history[-params.win_size :]) if params.win_size > 0 else []
     if window.count(token) >= params.win_size * params.tau_r:
