@@ -227,6 +227,9 @@ def test_top_k_of_a_batch_equals_each_rows_top_k() -> None:
     probs = torch.rand(3, 50, generator=gen)
     probs[1, 7] = float("nan")
     assert stable_top_k_rows(probs, 25) is None
+    # the batch's softmax is each row's, bit for bit, at the LM's vocabulary (ras_sample_rows relies on it)
+    logp = (torch.randn(16, 6761, generator=gen) * 3).log_softmax(-1)
+    assert all(torch.equal(logp.softmax(dim=1)[k], logp[k].softmax(dim=0)) for k in range(16))
 
 
 def test_a_batch_draws_what_each_row_draws_alone() -> None:
