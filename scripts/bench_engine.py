@@ -55,6 +55,9 @@ pass's share of it. ``--step-order together`` runs the step order of before (for
 ``--explain N`` records every step's calls (tts_engine/backends/cosyvoice/timeline.py; on a GPU each
 call synchronised, so its time is its kernels') and prints, after each load's row, where its N slowest
 sentence first chunks waited: time inside steps by kind of call, time outside steps, the longest calls.
+``--rows-cost on|off`` overrides the engine's choice by device (``BatchedStep.rows_cost``: on a CPU each
+opening hop in a call of its own and the short lane's closing passes apart; on a GPU one batch), for a
+before / after on a GPU.
 The run prints the commit and every setting; seeds are fixed (``--seed``).
 
 Imports only torch / numpy / tokenizers / safetensors / pyyaml / onnxruntime (no web stack).
@@ -153,6 +156,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--capacity", type=float, default=None, help="poisson: audio s/s taken as the capacity (default: measured)"
     )
+    parser.add_argument(
+        "--rows-cost", choices=("auto", "on", "off"), default="auto",
+        help="poisson: openings in calls of their own and closing passes apart (auto: on a CPU only)",
+    )  # fmt: skip
     parser.add_argument(
         "--explain", type=int, default=0, metavar="N",
         help="poisson: after each load, what the engine ran while its N slowest sentence first chunks waited",

@@ -142,6 +142,7 @@ async def run_poisson(args: argparse.Namespace, model: Any, make_backend: Callab
         f"flow_cache={args.flow_cache} final_pass={args.final_pass} step_order={args.step_order} "
         f"cuda_graphs={args.cuda_graphs} torch_compile={args.torch_compile} prompt={args.prompt_seconds}s "
         f"voices={args.voices} rate={args.rate} replies/load={args.replies} seed={args.seed} loads={args.load}"
+        f" rows_cost={args.rows_cost}"
         f"{f' explain={args.explain} (calls timed, synchronised on a GPU)' if args.explain else ''}",
         flush=True,
     )
@@ -151,6 +152,8 @@ async def run_poisson(args: argparse.Namespace, model: Any, make_backend: Callab
         backend = make_backend(
             model, args, streams, Path(tmp), args.voices, flow_cache=args.flow_cache != "off", tokens=tokens_for
         )
+        if args.rows_cost != "auto":  # the engine's choice by device, overridden for a before / after
+            backend.stepper.rows_cost = backend.stepper.short_closings_yield = args.rows_cost == "on"
         timeline = None
         if args.explain > 0:
             sync = torch.cuda.synchronize if torch.device(args.device).type == "cuda" else None

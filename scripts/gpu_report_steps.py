@@ -176,12 +176,18 @@ def _core_steps(opts: Options) -> list[Step]:
 
 
 def _rest(opts: Options) -> list[Step]:
-    """The rest, while time remains: before / after, precision, fp32, cache off, baselines, compile."""
+    """The rest, while time remains: before / afters, precision, fp32, cache off, baselines, compile."""
     graphs = ["--cuda-graphs"] if opts.device == "cuda" else []
     bench = "scripts/bench_engine.py"
     title = "bench_engine --arrivals poisson: the step order of before (together), for a before / after"
     together = Step("poisson-together", title, bench, budget_s=150.0, min_s=40.0)
     together.args = _poisson_args(opts, *graphs, "--step-order", "together")
+    title = (
+        "bench_engine --arrivals poisson: openings in calls of their own, closing passes apart "
+        "(--rows-cost on, as on a CPU), against the core step's one batch"
+    )
+    rows_cost = Step("poisson-rows-cost", title, bench, budget_s=150.0, min_s=40.0)
+    rows_cost.args = _poisson_args(opts, *graphs, "--rows-cost", "on", "--explain", str(EXPLAIN))
     model, cpu = ("--model-dir", str(opts.model_dir)), opts.device != "cuda"
     precision = Step("precision", "check_precision: bf16 / fp16 against fp32", "scripts/check_precision.py")
     precision.args = [*model, "--preset", opts.preset, "--device", opts.device]
@@ -218,7 +224,7 @@ def _rest(opts: Options) -> list[Step]:
     if cpu and opts.quick:
         compiled.skip_reason = "torch.compile on the CPU takes minutes of inductor compilation (--quick)"
     return [
-        together, _first_chunk(opts, "float32", 60.0), precision, cache_off, one_at_a_time, compare, activations,
+        rows_cost, together, _first_chunk(opts, "float32", 60.0), precision, cache_off, one_at_a_time, compare, activations,
         compiled,
     ]  # fmt: skip
 

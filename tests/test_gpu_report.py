@@ -92,15 +92,15 @@ def test_cpu_quick_run_writes_every_section_and_survives_a_failing_step(tmp_path
     assert keys[: len(CORE_STEPS)] == list(CORE_STEPS)  # in order of value
     status = {key: _section(report, key) for key in keys}
     assert set(status) == {
-        *CORE_STEPS, "poisson-together", "first-chunk-float32", "precision", "engine-cache-off",
-        "engine-one-at-a-time", "flow-cache-compare", "activations", "engine-torch-compile",
+        *CORE_STEPS, "poisson-rows-cost", "poisson-together", "first-chunk-float32", "precision",
+        "engine-cache-off", "engine-one-at-a-time", "flow-cache-compare", "activations", "engine-torch-compile",
     }  # fmt: skip
     for key, section in status.items():
         assert "- command: `python " in section, key
     # The injected failure is recorded with its exit status and output; every step after it still ran.
     assert "- status: FAILED (exit 3" in status["first-chunk-float32"]
     assert "injected failure" in status["first-chunk-float32"]
-    for key in (*CORE_STEPS, "poisson-together", "precision", "engine-cache-off", "engine-one-at-a-time",
+    for key in (*CORE_STEPS, "poisson-rows-cost", "poisson-together", "precision", "engine-cache-off", "engine-one-at-a-time",
                 "flow-cache-compare", "activations"):  # fmt: skip
         assert "- status: ok (" in status[key], status[key]
     # What needs CUDA is skipped with its reason, or said in its note, not missing.
@@ -114,9 +114,10 @@ def test_cpu_quick_run_writes_every_section_and_survives_a_failing_step(tmp_path
     assert {(label, n) for label, n, _ in engine_rows(status["engine-one-at-a-time"])} == {
         ("batched", 1), ("batched", 2), ("one-at-1", 1), ("one-at-1", 2)
     }  # fmt: skip
-    for key in ("poisson", "poisson-together"):
+    for key in ("poisson", "poisson-rows-cost", "poisson-together"):
         assert re.search(r"^ 0\.60 +\d+ ", status[key], re.MULTILINE) and re.search(r"^ 0\.90 +\d+ ", status[key], re.MULTILINE)
     assert "step_order=together" in status["poisson-together"] and "step_order=slack" in status["poisson"]
+    assert "rows_cost=on" in status["poisson-rows-cost"] and "rows_cost=auto" in status["poisson"]
     # the slack run explains its slowest first chunks: where the wait went, by kind of call
     assert re.search(r"^  slow first chunk \(reply \d+, sentence \d+\): \d+ ms: \d+ steps", status["poisson"], re.MULTILINE)
     assert "slow first chunk" not in status["poisson-together"]
