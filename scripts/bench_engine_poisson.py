@@ -153,7 +153,7 @@ async def run_poisson(args: argparse.Namespace, model: Any, make_backend: Callab
             model, args, streams, Path(tmp), args.voices, flow_cache=args.flow_cache != "off", tokens=tokens_for
         )
         if args.rows_cost != "auto":  # the engine's choice by device, overridden for a before / after
-            backend.stepper.rows_cost = backend.stepper.short_closings_yield = args.rows_cost == "on"
+            backend.stepper.set_rows_cost(args.rows_cost == "on")
         timeline = None
         if args.explain > 0:
             sync = torch.cuda.synchronize if torch.device(args.device).type == "cuda" else None

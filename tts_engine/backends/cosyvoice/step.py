@@ -135,6 +135,11 @@ class BatchedStep(LLMStepping, WaveStepping):
         }
         self.num_urgent_waits = 0  # urgent rows that ran after a step's openings, having slack to spare
 
+    def set_rows_cost(self, on: bool) -> None:
+        """Override the backend's choice by device: ``rows_cost`` and what follows from it
+        (``short_closings_yield``), as ``__init__`` sets them (a benchmark's before / after)."""
+        self.rows_cost = self.short_closings_yield = on
+
     def run(
         self,
         streams: Sequence[tuple[CosyVoiceStream, Lane]],
