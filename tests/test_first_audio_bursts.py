@@ -110,6 +110,7 @@ def test_a_step_asked_to_yield_leaves_the_short_lane_for_the_next_step(
     model: CosyVoice3, voices: VoiceStore
 ) -> None:
     backend = make_backend(model, voices, burst=32)
+    backend.stepper.bursts_yield = False  # here the request arrives after the burst (the next test: during)
     playing, newcomer = playing_and_newcomer(backend)
     early: list[int] = []
     lanes = StepBudget(lanes=(Lane.SHORT, Lane.URGENT))
@@ -119,6 +120,39 @@ def test_a_step_asked_to_yield_leaves_the_short_lane_for_the_next_step(
     out = backend.step([playing, newcomer], lanes, lambda items: early.extend(i for i, _ in items), lambda: False)
     assert 0 in early  # the next step ran it, in the short lane, right after the urgent audio
     for stream in (playing, newcomer):
+        stream.close()
+
+
+def test_a_request_arriving_mid_burst_ends_it_and_the_next_burst_decodes_both(
+    model: CosyVoice3, voices: VoiceStore
+) -> None:
+    """A newcomer that arrives during another newcomer's burst would wait for that burst, its opening
+    hop, then a burst of its own: instead the burst ends between two iterations, and the next step's
+    burst decodes both (their audio the same as each alone)."""
+    alone = []
+    for text in (NEWCOMER, PLAYING[1]):
+        backend = make_backend(model, voices, burst=32)
+        stream = backend.open_stream(text, "default", 1.0)
+        (audio,) = backend.step([stream], StepBudget(lanes=(Lane.URGENT,)))
+        assert audio.size  # a burst and the opening hop in one step
+        alone.append(audio)
+        stream.close()
+    backend = make_backend(model, voices, burst=32)
+    first, second = backend.open_stream(NEWCOMER, "default", 1.0), backend.open_stream(PLAYING[1], "default", 1.0)
+    calls = iter(range(100))
+    arrives = lambda: next(calls) >= 5  # noqa: E731 - true from its sixth call on: during the burst
+    (out,) = backend.step([first], StepBudget(lanes=(Lane.URGENT,)), lambda items: None, arrives)
+    stats = backend.step_stats()
+    assert out.size == 0 and stats["decode_bursts_cut"] == 1 and 0 < stats["decode_bursts"] < 28
+    assert len(first.segments[0].llm.out_tokens) < 28  # short of its opening hop's 25 + 3
+    early: dict[int, np.ndarray] = {}
+    lanes = StepBudget(lanes=(Lane.URGENT, Lane.URGENT))
+    backend.step([first, second], lanes, lambda items: early.update(items), lambda: False)
+    assert backend.step_stats()["decode_bursts_cut"] == 1 and set(early) == {0, 1}  # both openings went out
+    for index, audio in early.items():
+        got = np.asarray(audio)
+        assert got.shape == alone[index].shape and np.allclose(got, alone[index], atol=1e-4)
+    for stream in (first, second):
         stream.close()
 
 

@@ -35,6 +35,7 @@ class LLMStepping:
     num_burst_decodes: int
     num_burst_rows: int
     num_burst_riders: int
+    num_bursts_cut: int
     burst_riders: int
     num_catch_up_decodes: int
     num_catch_up_rows: int
@@ -101,7 +102,11 @@ class LLMStepping:
             self.num_catch_up_rows += len(rows)
 
     def _decode_burst(
-        self, candidates: Sequence[CosyVoiceStream], errors: Errors, riders: Sequence[CosyVoiceStream] = ()
+        self,
+        candidates: Sequence[CosyVoiceStream],
+        errors: Errors,
+        riders: Sequence[CosyVoiceStream] = (),
+        stop: Callable[[], bool] | None = None,
     ) -> None:
         """More decode iterations in this step for ``candidates`` whose next hop still lacks tokens (a
         batch of the rows still short per iteration, at most ``decode_burst`` iterations). One token a
@@ -110,7 +115,11 @@ class LLMStepping:
         playing stream falls behind real time. Sampling is per request (its own generator): the same
         tokens whenever they are drawn. Up to ``burst_riders`` of ``riders`` (other streams whose LLM
         still runs, in rank order) are decoded in the same iterations: their tokens are due anyway, and
-        a row in a batch costs a fraction of an iteration of its own. They never lengthen the burst."""
+        a row in a batch costs a fraction of an iteration of its own. They never lengthen the burst.
+        A true ``stop()`` (a device or interactive request arrived) ends the burst between two iterations: the
+        next step prefills the newcomer and its burst decodes the newcomer's tokens with the rest of these
+        (a row costs a fraction of an iteration), where it would otherwise wait for this burst, the
+        openings after it and then a burst of its own (``num_bursts_cut``)."""
         if not candidates:
             return
         before, rows_before = self.num_burst_decodes, self.num_burst_rows + self.num_burst_riders
@@ -119,10 +128,14 @@ class LLMStepping:
             lambda: f"{self.num_burst_decodes - before} iterations, "
             f"{self.num_burst_rows + self.num_burst_riders - rows_before} rows",
         ):  # fmt: skip
-            self._burst_iterations(candidates, errors, riders)
+            self._burst_iterations(candidates, errors, riders, stop)
 
     def _burst_iterations(
-        self, candidates: Sequence[CosyVoiceStream], errors: Errors, riders: Sequence[CosyVoiceStream]
+        self,
+        candidates: Sequence[CosyVoiceStream],
+        errors: Errors,
+        riders: Sequence[CosyVoiceStream],
+        stop: Callable[[], bool] | None,
     ) -> None:
         for _ in range(self.decode_burst):
             rows: list[tuple[CosyVoiceStream, LLMRequest]] = []
@@ -139,6 +152,9 @@ class LLMStepping:
                 if short_of_tokens:
                     rows.append((stream, request))
             if not rows:
+                return
+            if stop is not None and stop():
+                self.num_bursts_cut += 1
                 return
             extra = self._riders(riders, rows, errors)
             self._run_llm(self.runner.decode_step, rows + extra, errors)

@@ -14,7 +14,8 @@
 
 Step order (``order``): ``"slack"`` (the default) orders the step by the budget's lanes
 (tts_engine/budget.py): decode bursts for every stream waiting for an opening hop and every urgent one
-whose next hop lacks tokens (``_decode_burst``); then every opening hop and the urgent streams' hops in
+whose next hop lacks tokens (``_decode_burst``; a request arriving meanwhile ends it between two
+iterations, and the next step's burst decodes the newcomer's tokens with the rest); then every opening hop and the urgent streams' hops in
 one group, whose audio is handed out (``emit``) at once (on a CPU each opening hop in a call of its own,
 its audio out before the group's other rows run: ``rows_cost``, and urgent rows with slack to spare after
 the openings: ``_can_wait``); then, unless a request arrived meanwhile
@@ -107,6 +108,8 @@ class BatchedStep(LLMStepping, WaveStepping):
         self.num_burst_rows = 0  # ... and their rows
         self.burst_riders = BURST_RIDERS  # other streams' LLM rows decoded along each burst iteration
         self.num_burst_riders = 0  # ... rows of those
+        self.num_bursts_cut = 0  # bursts ended early for a request that arrived meanwhile (_decode_burst)
+        self.bursts_yield = True  # ... which a request arriving mid-burst does (False: the burst runs on)
         self.num_catch_up_decodes = 0  # decode iterations run by _catch_up
         self.num_catch_up_rows = 0  # ... and their rows
         self.timeline: Timeline | None = None  # a benchmark's record of each call (timeline.py)
@@ -176,8 +179,10 @@ class BatchedStep(LLMStepping, WaveStepping):
         self._llm_step(streams, errors, budget.prefill_rows)
         bursts = self.order == "slack" and budget.lanes is not None  # lanes: a scheduler ranks the streams
         riders = [s for s, lane in streams if lane != Lane.BACKGROUND]  # not a batch request while one waits
+        burst_stop = yielding if self.bursts_yield else None
         if bursts:  # tokens for every waiting opening hop and every critical stream
-            self._decode_burst([s for s, lane in streams if lane == Lane.URGENT or _opens(s, lane)], errors, riders)
+            candidates = [s for s, lane in streams if lane == Lane.URGENT or _opens(s, lane)]
+            self._decode_burst(candidates, errors, riders, burst_stop)
         self.seconds["llm"] += time.perf_counter() - started
         waves_started = time.perf_counter()
         ready = self._ready(streams, errors)
@@ -218,7 +223,7 @@ class BatchedStep(LLMStepping, WaveStepping):
         started = time.perf_counter()
         short_lane = [s for s, lane in streams if lane == Lane.SHORT and id(s) not in errors and id(s) not in ran]
         if bursts:
-            self._decode_burst(short_lane, errors, riders)
+            self._decode_burst(short_lane, errors, riders, burst_stop)
         self.seconds["llm"] += time.perf_counter() - started
         short = [(stream, job) for stream, _, job in self._ready([(s, Lane.SHORT) for s in short_lane], errors)]
         short, rows = self._take(short, rows)
