@@ -60,6 +60,7 @@ def test_a_request_arriving_before_the_waiting_hop_runs_ends_the_step(
     """With slack to spare for one more opening the waiting hop leaves the step to the newcomer (it runs
     next step); with too little it runs before the step ends, as every urgent hop does."""
     backend = make_backend(model, voices, burst=32)
+    backend.stepper.bursts_yield = False  # the request arrives after the newcomer's burst
     playing, newcomer = playing_and_newcomer(backend)
     _estimates(backend, COST_S)
     handouts: list[list[int]] = []
