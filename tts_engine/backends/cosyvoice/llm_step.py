@@ -116,10 +116,10 @@ class LLMStepping:
         tokens whenever they are drawn. Up to ``burst_riders`` of ``riders`` (other streams whose LLM
         still runs, in rank order) are decoded in the same iterations: their tokens are due anyway, and
         a row in a batch costs a fraction of an iteration of its own. They never lengthen the burst.
-        A true ``stop()`` (a device or interactive request arrived) ends the burst between two iterations: the
-        next step prefills the newcomer and its burst decodes the newcomer's tokens with the rest of these
-        (a row costs a fraction of an iteration), where it would otherwise wait for this burst, the
-        openings after it and then a burst of its own (``num_bursts_cut``)."""
+        A true ``stop()`` (a device or interactive request arrived) ends the burst between two
+        iterations: the next step prefills the newcomer and its burst decodes the newcomer's tokens with
+        the rest of these (a row costs a fraction of an iteration), where it would otherwise wait for
+        this burst, the openings after it and then a burst of its own (``num_bursts_cut``)."""
         if not candidates:
             return
         before, rows_before = self.num_burst_decodes, self.num_burst_rows + self.num_burst_riders
