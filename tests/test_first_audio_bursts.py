@@ -126,9 +126,9 @@ def test_a_step_asked_to_yield_leaves_the_short_lane_for_the_next_step(
 def test_a_request_arriving_mid_burst_ends_it_and_the_next_burst_decodes_both(
     model: CosyVoice3, voices: VoiceStore
 ) -> None:
-    """A newcomer that arrives during another newcomer's burst would wait for that burst, its opening
-    hop, then a burst of its own: instead the burst ends between two iterations, and the next step's
-    burst decodes both (their audio the same as each alone)."""
+    """With ``bursts_yield``, a newcomer that arrives during another newcomer's burst does not wait for
+    that burst, its opening hop, then a burst of its own: the burst ends between two iterations, and
+    the next step's burst decodes both (their audio the same as each alone)."""
     alone = []
     for text in (NEWCOMER, PLAYING[1]):
         backend = make_backend(model, voices, burst=32)
@@ -138,6 +138,8 @@ def test_a_request_arriving_mid_burst_ends_it_and_the_next_burst_decodes_both(
         alone.append(audio)
         stream.close()
     backend = make_backend(model, voices, burst=32)
+    assert not backend.stepper.bursts_yield  # off by default (docs/gpu-sharing.md, item 1)
+    backend.stepper.bursts_yield = True
     first, second = backend.open_stream(NEWCOMER, "default", 1.0), backend.open_stream(PLAYING[1], "default", 1.0)
     calls = iter(range(100))
     arrives = lambda: next(calls) >= 5  # noqa: E731 - true from its sixth call on: during the burst

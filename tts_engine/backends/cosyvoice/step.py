@@ -14,8 +14,8 @@
 
 Step order (``order``): ``"slack"`` (the default) orders the step by the budget's lanes
 (tts_engine/budget.py): decode bursts for every stream waiting for an opening hop and every urgent one
-whose next hop lacks tokens (``_decode_burst``; a request arriving meanwhile ends it between two
-iterations, and the next step's burst decodes the newcomer's tokens with the rest); then every opening
+whose next hop lacks tokens (``_decode_burst``; with ``bursts_yield``, off by default, a request
+arriving meanwhile ends it between two iterations); then every opening
 hop and the urgent streams' hops in one group, whose audio is handed out (``emit``) at once (on a CPU
 each opening hop in a call of its own, its audio out before the group's other rows run: ``rows_cost``,
 and urgent rows with slack to spare after the openings: ``_can_wait``); then, unless a request arrived meanwhile
@@ -109,7 +109,10 @@ class BatchedStep(LLMStepping, WaveStepping):
         self.burst_riders = BURST_RIDERS  # other streams' LLM rows decoded along each burst iteration
         self.num_burst_riders = 0  # ... rows of those
         self.num_bursts_cut = 0  # bursts ended early for a request that arrived meanwhile (_decode_burst)
-        self.bursts_yield = True  # ... which a request arriving mid-burst does (False: the burst runs on)
+        # ... which a request arriving mid-burst does when True. Off: an A/B on one engine found it better
+        # with the engine's yields limited to newcomers with a free slot (3 rounds of 3), and worse without
+        # that limit (2 of 2, as the engine is): docs/gpu-sharing.md, item 1.
+        self.bursts_yield = False
         self.num_catch_up_decodes = 0  # decode iterations run by _catch_up
         self.num_catch_up_rows = 0  # ... and their rows
         self.timeline: Timeline | None = None  # a benchmark's record of each call (timeline.py)
