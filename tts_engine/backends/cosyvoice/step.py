@@ -15,11 +15,11 @@
 Step order (``order``): ``"slack"`` (the default) orders the step by the budget's lanes
 (tts_engine/budget.py): decode bursts for every stream waiting for an opening hop and every urgent one
 whose next hop lacks tokens (``_decode_burst``; with ``bursts_yield``, off by default, a request
-arriving meanwhile ends it between two iterations); then every opening
-hop and the urgent streams' hops in one group, whose audio is handed out (``emit``) at once (on a CPU
-each opening hop in a call of its own, its audio out before the group's other rows run: ``rows_cost``,
-and urgent rows with slack to spare after the openings: ``_can_wait``); then, unless a request arrived meanwhile
-(``should_yield``: the rest waits a step), the short lane's tokens and hops (on a CPU its exact closing
+arriving meanwhile ends it between two iterations); then every opening hop and the urgent streams' hops
+in one group, whose audio is handed out (``emit``) at once (on a CPU each opening hop in a call of its
+own, its audio out before the group's other rows run: ``rows_cost``, and urgent rows with slack to spare
+after the openings: ``_can_wait``); then, unless a request arrived meanwhile (``should_yield``: the rest
+waits a step), the short lane's tokens and hops (on a CPU its exact closing
 calls a few Euler steps a call, a new request ending them between two); then the later hops and
 closing passes of streams with a comfortable lead (exact closing passes a few Euler steps a step; with
 ``rows_cost`` the hops a row a call, a new request ending them between two calls); then
