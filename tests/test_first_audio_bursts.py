@@ -221,6 +221,7 @@ def test_on_a_cpu_a_new_request_ends_the_comfortable_hops_between_two_rows(
         if all(started):
             break
     comfortable = StepBudget(lanes=(Lane.COMFORTABLE, Lane.COMFORTABLE))
+    backend.stepper.deferred_after_openings = False  # deferred below: tokens only, whoever waits
     for _ in range(300):  # until both next hops' tokens are there
         for stream in streams:
             stream.feed_tokens()
@@ -249,6 +250,7 @@ def _until_closing(backend: CosyVoiceBackend, stream: CosyVoiceStream, chunks: l
     """Step ``stream`` until its next call is its exact closing call, keeping its audio: urgent while a
     hop is ready or its opening waits (the hop runs), else deferred (a token a step, no hop runs), so
     the closing call is ready before a step, not made and run within one."""
+    backend.stepper.deferred_after_openings = False  # deferred: tokens only, though nobody waits
     for _ in range(400):
         stream.feed_tokens()
         job = stream.next_job()

@@ -33,7 +33,8 @@ class Lane(IntEnum):
     closing pass run after their audio is out, in the same step."""
     DEFERRED = 3
     """A comfortable lead while another listener waits for first audio: as COMFORTABLE, but its later
-    hops and closing pass wait for a later step (they run once its lead is short, or nobody waits)."""
+    hops and closing pass wait until the step's openings are out (CosyVoice's
+    ``deferred_after_openings``; without it, or while an opening could not run, for a later step)."""
     BACKGROUND = 4
     """A batch stream while a listener waits for first audio: none of its hops run this step."""
 

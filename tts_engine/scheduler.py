@@ -42,9 +42,9 @@ in the step, with every opening hop, and is handed out before the rest runs. One
 (below) is ``SHORT``: its work runs right after that audio is out, in the same step (so a newcomer's
 first audio does not wait for it, and it never waits more than a step). A stream with more slack is
 ``COMFORTABLE``: its later hops and closing pass run after the urgent audio is out; while
-some device or interactive listener waits for its first audio, such work waits for a later step
-(``DEFERRED``) and batch streams do no audio work at all (``BACKGROUND``), so first audio never waits
-behind work that could wait. ``comfortable_s`` is ``COMFORT_STEPS`` times the longest of the last
+some device or interactive listener waits for its first audio, such work waits until that audio is out
+(``DEFERRED``: the backend runs it after the step's openings, or in a later step) and batch streams do
+no audio work at all (``BACKGROUND``), so first audio never waits behind work that could wait. ``comfortable_s`` is ``COMFORT_STEPS`` times the longest of the last
 ``STEP_WINDOW`` steps, at least ``MIN_COMFORT_S``: held work runs while its listener still has that much
 audio, so it is back in an urgent lane, and done, before it runs dry.
 """

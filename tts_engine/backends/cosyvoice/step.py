@@ -17,14 +17,16 @@ Step order (``order``): ``"slack"`` (the default) orders the step by the budget'
 whose next hop lacks tokens (``_decode_burst``; with ``bursts_yield``, off by default, a request
 arriving meanwhile ends it between two iterations); then every opening hop and the urgent streams' hops
 in one group, whose audio is handed out (``emit``) at once (on a CPU each opening hop in a call of its
-own, its audio out before the group's other rows run: ``rows_cost``, and urgent rows with slack to spare
-after the openings: ``_can_wait``); then, unless a request arrived meanwhile (``should_yield``: the rest
-waits a step), the short lane's tokens and hops (on a CPU its exact closing
+own, its audio out before the group's other rows run: ``rows_cost``, and urgent rows with slack to
+spare after the openings: ``_can_wait``; urgent_calls.py); then, unless a request arrived meanwhile
+(``should_yield``: the rest waits a step), the short lane's tokens and hops (on a CPU its exact closing
 calls a few Euler steps a call, a new request ending them between two); then the later hops and
 closing passes of streams with a comfortable lead (exact closing passes a few Euler steps a step; with
 ``rows_cost`` the hops a row a call, a new request ending them between two calls); then
 an LLM catch-up for every running LLM (``_catch_up``). While another listener waits for first audio,
-the comfortable work (and all of a batch stream's hops) waits for a later step instead. ``"together"``
+the comfortable work of the deferred lane waits until the step's openings are out
+(``deferred_after_openings``; an opening that could not run this step holds it for a later one), and a
+batch stream's hops wait for a later step. ``"together"``
 is the order before: one token a step, one batch of every ready hop, its audio handed out when the step
 ends. The order decides when a hop runs and with which rows, never what it computes: each hop's tokens,
 offsets and cached chunks are the same either way (tests/test_step_order.py compares the audio bit
@@ -48,6 +50,7 @@ from cosyvoice.token2wav import HopJob, PendingClosing, Token2Wav
 from tts_engine.backends.cosyvoice.llm_step import BURST_RIDERS, Errors, LLMStepping
 from tts_engine.backends.cosyvoice.request import CosyVoiceStream
 from tts_engine.backends.cosyvoice.timeline import Timeline, span_of
+from tts_engine.backends.cosyvoice.urgent_calls import CALL_WINDOW, UrgentCalls
 from tts_engine.backends.cosyvoice.wave_step import (
     HOP_KINDS,
     Chunks,
@@ -62,8 +65,6 @@ Emit = Callable[[Chunks], bool]  # hands audio out mid-step; False: it could not
 STEP_ORDERS = ("slack", "together")
 DECODE_BURST = 32  # extra decode iterations a step may run for streams whose audio is due (_decode_burst)
 SHORT_WHOLE_CLOSINGS = 1  # exact closing calls of the short lane run whole per step; the rest by slices
-WAIT_MARGIN = 2.0  # an urgent row waits for openings only with this many times their estimated cost to spare
-CALL_WINDOW = 16  # urgent flow calls whose durations make the estimates (the longest time a row; openings apart)
 _NO_AUDIO = np.zeros(0, dtype=np.float32)
 
 
@@ -78,7 +79,7 @@ def _lanes(streams: Sequence[tuple[CosyVoiceStream, Lane]]) -> str:
     return " ".join(f"{lane.name} {lanes.count(lane)}" for lane in Lane if lane in lanes)
 
 
-class BatchedStep(LLMStepping, WaveStepping):
+class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
     """Runs steps for the cosyvoice backend; ``runner`` is an ``LLMRunner`` (or a drop-in one)."""
 
     def __init__(
@@ -113,6 +114,13 @@ class BatchedStep(LLMStepping, WaveStepping):
         # with the engine's yields limited to newcomers with a free slot (3 rounds of 3), and worse without
         # that limit (2 of 2, as the engine is): docs/gpu-sharing.md, item 1.
         self.bursts_yield = False
+        # With it a deferred stream's later hops and closing pass (its lead comfortable while a listener
+        # waits for first audio) run as the comfortable lane's do once the step's openings are out, instead
+        # of waiting for a step nobody waits in: under steady arrivals there was none, and held closing
+        # passes reached the urgent lane together and ran whole in one call (a Poisson run at load 0.6:
+        # five in 1409 ms, ahead of the next openings). An A/B at load 0.6, four rounds: first-chunk p95
+        # 349 against 413 ms, 4 against 13 underruns (docs/gpu-sharing.md, item 5).
+        self.deferred_after_openings = True
         self.num_catch_up_decodes = 0  # decode iterations run by _catch_up
         self.num_catch_up_rows = 0  # ... and their rows
         self.timeline: Timeline | None = None  # a benchmark's record of each call (timeline.py)
@@ -194,15 +202,15 @@ class BatchedStep(LLMStepping, WaveStepping):
             self.num_hops_deferred += deferred
             return self._wave_step(jobs, errors)
         first: list[tuple[CosyVoiceStream, HopJob]] = []
-        second: list[tuple[CosyVoiceStream, HopJob]] = []
+        later: list[tuple[CosyVoiceStream, HopJob, bool]] = []  # the comfortable work; True: deferred
         for stream, lane, job in ready:
             opening = job.token_offset == 0
-            if lane == Lane.BACKGROUND or (lane == Lane.DEFERRED and not opening):
+            if lane == Lane.BACKGROUND:
                 self.num_hops_held += 1
             elif lane == Lane.URGENT or opening:
                 first.append((stream, job))
             elif lane != Lane.SHORT:
-                second.append((stream, job))
+                later.append((stream, job, lane == Lane.DEFERRED))
         rows = budget.hop_rows
         ran = {id(stream) for stream, _ in first}  # one call a stream a step
         first, rows = self._take(first, rows)
@@ -233,6 +241,7 @@ class BatchedStep(LLMStepping, WaveStepping):
         stop_short = yielding if self.short_closings_yield else never
         chunks.update(self._wave_group(short, errors, whole=SHORT_WHOLE_CLOSINGS, stop=stop_short))
         chunks = self._emit(chunks, emit)
+        second = self._comfortable(later, streams, errors)
         if second and yielding():
             self.num_yields += 1
             return chunks
@@ -246,56 +255,20 @@ class BatchedStep(LLMStepping, WaveStepping):
             self.seconds["llm"] += time.perf_counter() - started
         return chunks
 
-    def _can_wait(
+    def _comfortable(
         self,
-        rows: list[tuple[CosyVoiceStream, HopJob]],
-        slack: Mapping[int, float] | None,
-        started: float,
-        openings: int,
-        lead_in: float = 0.0,
-    ) -> set[int]:
-        """The non-opening rows (by id of stream) whose slack left covers their own call (all of them in one
-        batch) and ``WAIT_MARGIN`` times ``openings`` opening calls after ``lead_in`` seconds, each call
-        estimated by the longest recent one (an urgent call by its longest time a row); none without
-        ``rows_cost``, slack or estimates."""
-        seconds = self.call_seconds
-        if not self.rows_cost or slack is None or not openings or not all(seconds.values()):
-            return set()
-        own = max(seconds["urgent"]) * sum(job.token_offset != 0 for _, job in rows)
-        wait = own + WAIT_MARGIN * (lead_in + openings * max(seconds["opening"]))
-        left = slack.get  # slack at the plan, less the time since
-        elapsed = time.perf_counter() - started
-        return {
-            id(stream)
-            for stream, job in rows
-            if job.token_offset != 0 and (left(id(stream)) or 0.0) - elapsed > wait
-        }
-
-    def _urgent_calls(
-        self, first: list[tuple[CosyVoiceStream, HopJob]], waits: set[int]
-    ) -> tuple[list[list[tuple[CosyVoiceStream, HopJob]]], list[tuple[CosyVoiceStream, HopJob]]]:
-        """The urgent group's flow calls: one batch; or, with ``rows_cost``, in rank order (least
-        slack first), each opening hop (the first audio of a waiting listener) in a call of its own and the
-        other rows between two openings batched together; and the rows of ``waits`` (streams with
-        slack to spare, ``_can_wait``), batched after the last opening."""
-        if not self.rows_cost or len(first) < 2 or not any(job.token_offset == 0 for _, job in first):
-            return [first], []
-        calls: list[list[tuple[CosyVoiceStream, HopJob]]] = []
-        batch: list[tuple[CosyVoiceStream, HopJob]] = []
-        after = [(stream, job) for stream, job in first if id(stream) in waits]
-        self.num_urgent_waits += len(after)
-        for stream, job in first:
-            if id(stream) in waits:
-                continue
-            if job.token_offset != 0:
-                batch.append((stream, job))
-                continue
-            if batch:
-                calls.append(batch)
-                batch = []
-            calls.append([(stream, job)])
-            self.num_openings_alone += 1
-        return calls + ([batch] if batch else []), after
+        later: list[tuple[CosyVoiceStream, HopJob, bool]],
+        streams: Sequence[tuple[CosyVoiceStream, Lane]],
+        errors: Errors,
+    ) -> list[tuple[CosyVoiceStream, HopJob]]:
+        """The comfortable lane's rows that run this step, in rank order: the deferred ones too once every
+        opening of the step is out (``deferred_after_openings``), else they wait for a later step."""
+        waits = not self.deferred_after_openings or any(
+            _opens(s, lane) and id(s) not in errors for s, lane in streams
+        )
+        held = sum(deferred for _, _, deferred in later) if waits else 0
+        self.num_hops_held += held
+        return [(stream, job) for stream, job, deferred in later if not (deferred and waits)]
 
     def _ready(
         self, streams: Sequence[tuple[CosyVoiceStream, Lane]], errors: Errors
