@@ -1,9 +1,10 @@
+"""SentenceSegmenter on a table of texts: the same segments fed whole, split anywhere, by char, at random."""
+
 import random
-import time
 
 import pytest
 
-from gateway.speech.segmenter import SentenceSegmenter
+from tests.segmenter_helpers import segment_pieces, segment_whole
 
 NO_COMMA = {"first_segment_at_comma": False}
 
@@ -244,19 +245,6 @@ CASES = [
 IDS = [case[0] for case in CASES]
 
 
-def segment_whole(text: str, kwargs: dict) -> list[str]:
-    segmenter = SentenceSegmenter(**kwargs)
-    return segmenter.push(text) + segmenter.flush()
-
-
-def segment_pieces(pieces: list[str], kwargs: dict) -> list[str]:
-    segmenter = SentenceSegmenter(**kwargs)
-    segments: list[str] = []
-    for piece in pieces:
-        segments += segmenter.push(piece)
-    return segments + segmenter.flush()
-
-
 @pytest.mark.parametrize(("name", "text", "kwargs", "expected"), CASES, ids=IDS)
 def test_segments(name, text, kwargs, expected):
     assert segment_whole(text, kwargs) == expected
@@ -280,125 +268,3 @@ def test_random_chunking_gives_same_segments(name, text, kwargs, expected):
         cuts = sorted(rng.sample(range(len(text) + 1), k=min(4, len(text) + 1)))
         pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
         assert segment_pieces(pieces, kwargs) == expected, f"pieces {pieces}"
-
-
-def test_segment_is_released_once_next_character_arrives():
-    segmenter = SentenceSegmenter()
-    assert segmenter.push("你好，我是小智。") == []
-    assert segmenter.push("今") == ["你好，我是小智。"]
-    assert segmenter.pending_text == "今"
-
-
-def test_price_is_not_cut_before_decimals_arrive():
-    segmenter = SentenceSegmenter()
-    assert segmenter.push("It costs $29.") == []
-    assert segmenter.push("99") == []
-    assert segmenter.push(" now. And") == ["It costs $29.99 now."]
-    assert segmenter.flush() == ["And"]
-
-
-def test_period_waits_for_next_visible_character():
-    segmenter = SentenceSegmenter()
-    assert segmenter.push("Mix well.   ") == []
-    assert segmenter.push("T") == ["Mix well."]
-
-
-def test_comma_allowed_only_for_first_segment_of_each_turn():
-    segmenter = SentenceSegmenter()
-    assert segmenter.push("好的好的，没问题。那么，我们") == ["好的好的，", "没问题。"]
-    assert segmenter.flush() == ["那么，我们"]
-    # flush() ended the turn: the next turn's first segment may end at a comma again
-    assert segmenter.push("没问题的，稍") == ["没问题的，"]
-
-
-def test_dropped_segment_does_not_count_as_first():
-    segmenter = SentenceSegmenter()
-    assert segmenter.push("😊\n好的好的，稍等") == ["好的好的，"]
-
-
-def test_clear_discards_pending_text_and_starts_new_turn():
-    segmenter = SentenceSegmenter()
-    assert segmenter.push("第一句话说完了。第二句") == ["第一句话说完了。"]
-    segmenter.clear()
-    assert segmenter.pending_text == ""
-    assert segmenter.push("新的回答开始，然后") == ["新的回答开始，"]
-    assert segmenter.flush() == ["然后"]
-
-
-def test_flush_on_empty_segmenter():
-    segmenter = SentenceSegmenter()
-    assert segmenter.flush() == []
-    assert segmenter.push("") == []
-    assert segmenter.flush() == []
-
-
-def test_no_segment_longer_than_max_chars():
-    text = ("这是一段很长的文字没有任何标点符号" * 8) + " and some English words without stops " * 5
-    for max_chars in (7, 20, 50):
-        segments = segment_whole(text, {"max_chars": max_chars})
-        assert all(len(segment) <= max_chars for segment in segments)
-        assert "".join(segments).replace(" ", "") == text.replace(" ", "")
-
-
-def test_code_span_is_never_split_inside():
-    text = "先运行 `a = 1; b = 2. print(a)` 然后看结果。"
-    assert segment_whole(text, {}) == ["先运行 a = 1; b = 2. print(a) 然后看结果。"]
-
-
-@pytest.mark.parametrize("kwargs", [{"max_chars": 1}, {"max_chars": 0}, {"min_first_chars": -1}])
-def test_bad_arguments_raise_value_error(kwargs):
-    with pytest.raises(ValueError):
-        SentenceSegmenter(**kwargs)
-
-
-def test_push_rejects_non_text():
-    with pytest.raises(TypeError):
-        SentenceSegmenter().push(b"bytes")  # type: ignore[arg-type]
-
-
-# ---- linear time -------------------------------------------------------------------------------
-
-# A device's typed text comes back through the echo LLM into the segmenter: 100k characters of each
-# pattern must cost well under a second of CPU however they arrive (it was quadratic: 60,000 "."
-# took ~24 s in 4-character deltas).
-CPU_BUDGET_S = 1.0
-PATHOLOGICAL = {
-    "dots": "." * 100_000,
-    "backticks": "`" * 100_000,
-    "cjk-full-stops": "。" * 100_000,
-    "exclamations": "！" * 100_000,
-    "dots-and-spaces": ". " * 50_000,
-    "ellipses-and-spaces": "... " * 25_000,
-    "no-punctuation": "a" * 100_000,
-    "words-no-punctuation": "word " * 20_000,
-    "commas": "，" * 100_000,
-    "period-then-spaces": "Hi." + " " * 100_000 + "x",
-    "closers": "。" + "）" * 100_000,
-    "open-code-span": "`" + "a. b. " * 16_000,
-    "mixed-runs": "`..。。 ``" * 10_000,
-}
-
-
-@pytest.mark.parametrize("delta_chars", [None, 5], ids=["one-chunk", "5-char-deltas"])
-@pytest.mark.parametrize("name", PATHOLOGICAL)
-def test_pathological_text_is_segmented_in_linear_time(name, delta_chars):
-    text = "You said: " + PATHOLOGICAL[name]
-    step = delta_chars or len(text)
-    segmenter = SentenceSegmenter()
-    segments: list[str] = []
-    start = time.process_time()
-    for index in range(0, len(text), step):
-        segments += segmenter.push(text[index : index + step])
-        assert time.process_time() - start < CPU_BUDGET_S, f"over budget after {index} of {len(text)} chars"
-    segments += segmenter.flush()
-    assert time.process_time() - start < CPU_BUDGET_S
-    assert segments[0] == "You said:"
-    assert all(len(segment) <= 120 for segment in segments)
-    assert len(segmenter.pending_text) == 0
-
-
-def test_pending_text_stays_short_while_a_run_streams_in():
-    segmenter = SentenceSegmenter(max_chars=50)
-    for _ in range(10_000):
-        segmenter.push("...")
-        assert len(segmenter.pending_text) <= 50 + 3
