@@ -3,7 +3,7 @@
 
     python scripts/bench_sampling.py --batch 1,4,16 --threads 1
 
-Both draw the same ids from the same generators (tests/test_cosy_llm.py checks it); this prints the
+Both draw the same ids from the same generators (tests/test_cosy_sampling.py checks it); this prints the
 milliseconds per batch of each, interleaved, best of ``--repeats``, and their ratio, in one run.
 """
 

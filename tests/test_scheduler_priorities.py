@@ -8,7 +8,7 @@ from tests.test_scheduler import Clock, ids, make_request, produce
 from tts_engine.arguments import check_priority
 from tts_engine.budget import BackendLimits, Lane, StepBudget
 from tts_engine.request import EngineRequest, RequestStatus
-from tts_engine.scheduler import MIN_COMFORT_S, Scheduler
+from tts_engine.scheduler import LONG_STEP_RANK, MIN_COMFORT_S, MIN_CRITICAL_S, Scheduler
 
 
 def request(req_id: str, priority: str = "interactive") -> EngineRequest:
@@ -130,6 +130,34 @@ def test_lanes_hold_comfortable_work_and_batch_while_a_listener_waits_for_first_
     scheduler.requests["ahead"].credit.samples_consumed += int(3.5 * 16000)  # 1.5 s left: under one step
     plan = scheduler.schedule()
     assert dict(zip(ids(plan.scheduled), plan.budget.lanes or (), strict=True))["ahead"] == Lane.URGENT
+
+
+def test_one_long_step_does_not_make_every_lead_urgent() -> None:
+    """The lanes' measure is the ``LONG_STEP_RANK``-th longest recent step: one step stretched to 3 s
+    among short ones leaves a 1 s lead comfortable; as many long steps as the rank make it urgent."""
+    scheduler, clock = scheduler_for(None, splits_steps=True)
+    assert LONG_STEP_RANK > 1
+    scheduler.add_request(request("playing", "device"))
+    scheduler.schedule()
+    produce(scheduler.requests["playing"], samples=16000)  # 1 s unread
+
+    def step(seconds: float) -> Lane:
+        plan = scheduler.schedule()
+        clock.now += seconds
+        scheduler.update_from_output(plan, [None] * plan.num_scheduled)
+        return scheduler.schedule().budget.lane(0)
+
+    for _ in range(8):
+        step(0.05)
+    assert step(3.0) == Lane.COMFORTABLE  # 1 s of lead: over the 0.6 s minimum, the 3 s step ignored
+    assert scheduler.critical_s == pytest.approx(MIN_CRITICAL_S) and scheduler.comfortable_s == MIN_COMFORT_S
+    for _ in range(LONG_STEP_RANK - 2):
+        step(3.0)
+    assert step(3.0) == Lane.URGENT and scheduler.critical_s == pytest.approx(3.0)
+    scheduler.long_step_rank = 1  # the longest, as before: one long step was enough
+    for _ in range(40):
+        step(0.05)
+    assert step(3.0) == Lane.URGENT
 
 
 def test_a_budget_for_the_streams_left_in_a_step_keeps_their_lanes_and_slack() -> None:

@@ -36,17 +36,20 @@ batch cap here, and the step budget's row caps, which the backend serves in the 
 whose consumer holds ``max_buffered_chunks`` unread chunks is not runnable (backpressure) but keeps its
 capacity.
 
-Lanes (for a backend that ``splits_steps``): a stream whose slack is under ``critical_s`` (the longest
-of the last ``STEP_WINDOW`` steps, at least ``MIN_CRITICAL_S``) is ``URGENT``: its audio work runs first
-in the step, with every opening hop, and is handed out before the rest runs. One under ``comfortable_s``
-(below) is ``SHORT``: its work runs right after that audio is out, in the same step (so a newcomer's
-first audio does not wait for it, and it never waits more than a step). A stream with more slack is
-``COMFORTABLE``: its later hops and closing pass run after the urgent audio is out; while
-some device or interactive listener waits for its first audio, such work waits until that audio is out
-(``DEFERRED``: the backend runs it after the step's openings, or in a later step) and batch streams do
-no audio work at all (``BACKGROUND``), so first audio never waits behind work that could wait. ``comfortable_s`` is ``COMFORT_STEPS`` times the longest of the last
-``STEP_WINDOW`` steps, at least ``MIN_COMFORT_S``: held work runs while its listener still has that much
-audio, so it is back in an urgent lane, and done, before it runs dry.
+Lanes (for a backend that ``splits_steps``): a stream whose slack is under ``critical_s`` (a long recent
+step: the ``LONG_STEP_RANK``-th longest of the last ``STEP_WINDOW``, at least ``MIN_CRITICAL_S``) is
+``URGENT``: its audio work runs first in the step, with every opening hop, and is handed out before the
+rest runs. One under ``comfortable_s`` (below) is ``SHORT``: its work runs right after that audio is
+out, in the same step (so a newcomer's first audio does not wait for it, and it never waits more than a
+step). A stream with more slack is ``COMFORTABLE``: its later hops and closing pass run after the urgent
+audio is out; while some device or interactive listener waits for its first audio, such work waits
+until that audio is out (``DEFERRED``: the backend runs it after the step's openings, or in a later
+step) and batch streams do no audio work at all (``BACKGROUND``), so first audio never waits behind
+work that could wait. ``comfortable_s`` is ``COMFORT_STEPS`` times that long step, at least
+``MIN_COMFORT_S``: held work runs while its listener still has that much audio, so it is back in an
+urgent lane, and done, before it runs dry. The long step is not the longest: one step stretched by
+the machine or by a pile of closing passes made most streams urgent for ``STEP_WINDOW`` steps, whose
+urgent work went first and made more long steps (docs/gpu-sharing.md, item 2).
 """
 
 from __future__ import annotations
@@ -66,11 +69,12 @@ logger = logging.getLogger(__name__)
 
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 MIN_COMFORT_S = 0.6  # a playback lead below this is always short: its stream's work is urgent
-COMFORT_STEPS = 4.0  # ... and so is one below this many of the longest recent steps
+COMFORT_STEPS = 4.0  # ... and so is one below this many long recent steps (LONG_STEP_RANK)
 MIN_CRITICAL_S = 0.2  # a playback lead below this is critical: its work runs with the first audio of a step
-CRITICAL_STEPS = 1.0  # ... and so is one below this many of the longest recent steps
+CRITICAL_STEPS = 1.0  # ... and so is one below this many long recent steps
 RUNNING_PER_UNIT = 4  # running requests at most this many times the capacity (those past it hold none)
 STEP_WINDOW = 32  # steps whose durations set that measure
+LONG_STEP_RANK = 4  # ... which is the 4th longest of them (an A/B at loads 0.6 and 0.9 against the longest)
 
 
 class Scheduler:
@@ -100,6 +104,7 @@ class Scheduler:
         self.num_step_calls = 0  # schedule() calls: the engine's step clock (requests note it)
         self._step_started: float | None = None
         self._step_seconds: deque[float] = deque(maxlen=STEP_WINDOW)
+        self.long_step_rank = LONG_STEP_RANK  # the recent steps' measure: 1 the longest, 2 the second ...
         self.last_batch_size = 0
         self.max_batch_size_seen = 0
         self.num_steps = 0
@@ -167,14 +172,17 @@ class Scheduler:
     @property
     def comfortable_s(self) -> float:
         """The playback lead above which a stream's later hops and closing pass may wait (see above)."""
-        longest = max(self._step_seconds, default=0.0)
-        return max(MIN_COMFORT_S, COMFORT_STEPS * longest)
+        return max(MIN_COMFORT_S, COMFORT_STEPS * self._long_step())
 
     @property
     def critical_s(self) -> float:
         """The playback lead below which a stream's work cannot wait for the rest of a step's urgent work."""
-        longest = max(self._step_seconds, default=0.0)
-        return min(self.comfortable_s, max(MIN_CRITICAL_S, CRITICAL_STEPS * longest))
+        return min(self.comfortable_s, max(MIN_CRITICAL_S, CRITICAL_STEPS * self._long_step()))
+
+    def _long_step(self) -> float:
+        """The ``long_step_rank``-th longest of the last ``STEP_WINDOW`` steps (the shortest if fewer)."""
+        steps = sorted(self._step_seconds, reverse=True)
+        return steps[min(self.long_step_rank, len(steps)) - 1] if steps else 0.0
 
     def _ahead(self, request: EngineRequest) -> float:
         """The listener's playback credit, a value set by the loop and decayed at real time."""
