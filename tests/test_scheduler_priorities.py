@@ -132,11 +132,13 @@ def test_lanes_hold_comfortable_work_and_batch_while_a_listener_waits_for_first_
     assert dict(zip(ids(plan.scheduled), plan.budget.lanes or (), strict=True))["ahead"] == Lane.URGENT
 
 
-def test_one_long_step_does_not_make_every_lead_urgent() -> None:
-    """The lanes' measure is the ``LONG_STEP_RANK``-th longest recent step: one step stretched to 3 s
-    among short ones leaves a 1 s lead comfortable; as many long steps as the rank make it urgent."""
+def test_the_lanes_long_step_measure_can_ignore_one_long_step() -> None:
+    """With ``long_step_rank`` 4 the lanes' measure is the 4th longest recent step: one step stretched to
+    3 s among short ones leaves a 1 s lead comfortable; four such steps make it urgent. With the default
+    (the longest) one does."""
     scheduler, clock = scheduler_for(None, splits_steps=True)
-    assert LONG_STEP_RANK > 1
+    assert scheduler.long_step_rank == LONG_STEP_RANK == 1
+    scheduler.long_step_rank = 4
     scheduler.add_request(request("playing", "device"))
     scheduler.schedule()
     produce(scheduler.requests["playing"], samples=16000)  # 1 s unread
@@ -151,10 +153,10 @@ def test_one_long_step_does_not_make_every_lead_urgent() -> None:
         step(0.05)
     assert step(3.0) == Lane.COMFORTABLE  # 1 s of lead: over the 0.6 s minimum, the 3 s step ignored
     assert scheduler.critical_s == pytest.approx(MIN_CRITICAL_S) and scheduler.comfortable_s == MIN_COMFORT_S
-    for _ in range(LONG_STEP_RANK - 2):
+    for _ in range(2):
         step(3.0)
     assert step(3.0) == Lane.URGENT and scheduler.critical_s == pytest.approx(3.0)
-    scheduler.long_step_rank = 1  # the longest, as before: one long step was enough
+    scheduler.long_step_rank = LONG_STEP_RANK  # the longest: one long step is enough
     for _ in range(40):
         step(0.05)
     assert step(3.0) == Lane.URGENT

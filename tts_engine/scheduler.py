@@ -47,9 +47,10 @@ until that audio is out (``DEFERRED``: the backend runs it after the step's open
 step) and batch streams do no audio work at all (``BACKGROUND``), so first audio never waits behind
 work that could wait. ``comfortable_s`` is ``COMFORT_STEPS`` times that long step, at least
 ``MIN_COMFORT_S``: held work runs while its listener still has that much audio, so it is back in an
-urgent lane, and done, before it runs dry. The long step is not the longest: one step stretched by
-the machine or by a pile of closing passes made most streams urgent for ``STEP_WINDOW`` steps, whose
-urgent work went first and made more long steps (docs/gpu-sharing.md, item 2).
+urgent lane, and done, before it runs dry. The long step is the longest (``long_step_rank`` 1): one step
+stretched by the machine or by a pile of closing passes makes most streams urgent for ``STEP_WINDOW``
+steps, whose urgent work goes first and can make more long steps; the 4th longest cut the 0.9 tail in
+an A/B but added underruns at 0.6 in two (docs/gpu-sharing.md).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ MIN_CRITICAL_S = 0.2  # a playback lead below this is critical: its work runs wi
 CRITICAL_STEPS = 1.0  # ... and so is one below this many long recent steps
 RUNNING_PER_UNIT = 4  # running requests at most this many times the capacity (those past it hold none)
 STEP_WINDOW = 32  # steps whose durations set that measure
-LONG_STEP_RANK = 4  # ... which is the 4th longest of them (an A/B at loads 0.6 and 0.9 against the longest)
+LONG_STEP_RANK = 1  # ... which is the longest of them (the 4th longest: fewer underruns at 0.9, more at 0.6)
 
 
 class Scheduler:
