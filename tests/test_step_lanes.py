@@ -6,20 +6,14 @@ Stepped by hand with the lanes the scheduler would give; counted in hand-outs an
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from cosyvoice.model import CosyVoice3
 from gateway.voices.store import VoiceStore
-from tests.test_first_audio_bursts import make_backend, model, playing_and_newcomer, voices
+from tests.test_first_audio_bursts import _samples, make_backend, model, playing_and_newcomer, voices
 from tts_engine.budget import Lane, StepBudget
 
 __all__ = ["model", "voices"]  # the fixtures
-
-
-def _samples(out: object) -> int:
-    assert not isinstance(out, BaseException), out
-    return 0 if out is None else int(np.asarray(out).size)
 
 
 @pytest.mark.parametrize("after_openings", [True, False])
