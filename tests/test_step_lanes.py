@@ -28,14 +28,18 @@ def test_a_deferred_hop_runs_once_the_steps_openings_are_out(
     backend.stepper.deferred_after_openings = after_openings
     playing, newcomer = playing_and_newcomer(backend)
     held = backend.step_stats()["hops_held"]
+    closing_seconds = backend.stepper.seconds["closing"]  # grows only while a closing slice runs
     handouts: list[list[int]] = []
     budget = StepBudget(lanes=(Lane.URGENT, Lane.DEFERRED))
     out = backend.step([newcomer, playing], budget, lambda items: handouts.append(sorted(i for i, _ in items)))
     assert handouts[0] == [0]  # the newcomer's opening went out first
+    # its next call is a hop (audio now) or, if its LLM ended during the catch-ups, its exact closing
+    # pass, which the comfortable lane runs a slice a step (begun now, audio in a later step)
+    ran = _samples(out[1]) > 0 or backend.stepper.seconds["closing"] > closing_seconds
     if after_openings:
-        assert _samples(out[1]) > 0 and backend.step_stats()["hops_held"] == held
+        assert ran and backend.step_stats()["hops_held"] == held
     else:
-        assert _samples(out[1]) == 0 and backend.step_stats()["hops_held"] == held + 1
+        assert not ran and backend.step_stats()["hops_held"] == held + 1
         assert playing.next_job() is not None
     for stream in (playing, newcomer):
         stream.close()
