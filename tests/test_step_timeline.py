@@ -29,9 +29,12 @@ def test_a_step_records_each_of_its_calls_inside_its_own_span(model: CosyVoice3,
     burst = inner[1]
     iterations = int(re.match(r"(\d+) iterations", burst.detail).group(1))  # type: ignore[union-attr]
     assert iterations >= 20  # 25 opening tokens + look-ahead, less its prefill's
-    flows = [s for s in inner if s.kind == "flow"]
-    assert "O1" in flows[0].detail  # the newcomer's opening hop first (on a CPU, in a call of its own)
-    assert [s.detail for s in flows[1:]] in (["H1"], ["C1"])  # then the playing stream's next hop
+    calls = [s for s in inner if s.kind in ("flow", "closing")]
+    assert calls[0].kind == "flow" and calls[0].detail == "O1"  # the newcomer's opening hop first, alone
+    # then the playing stream's next hop; or, where its LLM ended meanwhile (the catch-ups decode for a
+    # time, so how far it got depends on the machine), its closing pass: in a flow call, or, where the
+    # set-up's comfortable steps began it a slice at a time, the rest of it in a closing call of its own
+    assert [s.detail if s.kind == "flow" else "closing" for s in calls[1:]] in (["H1"], ["C1"], ["closing"])
     assert inner[-1].kind == "catch-up"  # and the running LLMs' catch-up after the flow work
     for stream in (playing, newcomer):
         stream.close()
