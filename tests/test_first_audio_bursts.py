@@ -56,12 +56,13 @@ def playing_and_newcomer(backend: CosyVoiceBackend) -> tuple[CosyVoiceStream, Co
     urgent = StepBudget(lanes=(Lane.URGENT,))
     while not backend.step([playing], urgent)[0].size:  # its opening hop (audio: a tensor; none: empty)
         pass
-    for _ in range(200):  # until its next hop's tokens are there
+    tokens_only = StepBudget(lanes=(Lane.COMFORTABLE,), hop_rows=0)  # no flow call, no closing slice begun
+    for _ in range(200):  # until its next hop's tokens are there (or, its LLM ended, its closing pass's)
         playing.feed_tokens()
         if playing.next_job() is not None:
             break
-        backend.step([playing], StepBudget(lanes=(Lane.COMFORTABLE,)))
-    assert playing.next_job() is not None
+        backend.step([playing], tokens_only)
+    assert playing.next_job() is not None and id(playing) not in backend.stepper.closings
     return playing, newcomer
 
 
