@@ -52,6 +52,7 @@ from tts_engine.backends.cosyvoice.request import CosyVoiceStream
 from tts_engine.backends.cosyvoice.timeline import Timeline, span_of
 from tts_engine.backends.cosyvoice.urgent_calls import CALL_WINDOW, UrgentCalls
 from tts_engine.backends.cosyvoice.wave_step import (
+    CLOSING_SLICE,
     HOP_KINDS,
     Chunks,
     Stop,
@@ -71,6 +72,11 @@ _NO_AUDIO = np.zeros(0, dtype=np.float32)
 def _opens(stream: CosyVoiceStream, lane: Lane) -> bool:
     """Its next audio is an opening hop that may run this step (not a batch stream held back)."""
     return lane != Lane.BACKGROUND and stream.awaits_opening
+
+
+def _exact_closing(job: HopJob) -> bool:
+    """An exact closing pass: it may run a slice at a time (``WaveStepping._closing_slice``)."""
+    return job.finalize and not job.streaming
 
 
 def _lanes(streams: Sequence[tuple[CosyVoiceStream, Lane]]) -> str:
@@ -148,6 +154,15 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
             kind: deque(maxlen=CALL_WINDOW) for kind in ("opening", "urgent")
         }
         self.num_urgent_waits = 0  # urgent rows that ran after a step's openings, having slack to spare
+        # With it a step in which no exact closing pass of the short or comfortable lane advanced (a new
+        # request ended it first, as under steady arrivals nearly every step is) still runs one slice of
+        # the first such pass in rank order, after its urgent audio is out: held passes otherwise reach
+        # the urgent lane together and run whole, ahead of the next openings.
+        self.closing_progress = False
+        self.num_progress_slices = 0  # ... slices run so
+        self.sliced: set[int] = set()  # streams whose exact closing call advanced this step (id)
+        self.progress: list[tuple[CosyVoiceStream, HopJob]] = []  # the step's candidates for _progress
+        self.rows_left: int | None = None  # the step's hop rows left (None: no cap)
 
     def set_rows_cost(self, on: bool) -> None:
         """Override the backend's choice by device: ``rows_cost`` and what follows from it
@@ -171,7 +186,24 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         step, or it would be urgent). ``slack``: each stream's playback slack when the step was planned,
         by id (with ``rows_cost``, urgent rows with slack to spare wait for the openings)."""
         with span_of(self.timeline, "step", len(streams), lambda: _lanes(streams)):
-            return self._run(streams, errors, budget, emit, should_yield, slack)
+            self.sliced.clear()
+            self.progress.clear()
+            self.rows_left = budget.hop_rows
+            chunks = self._run(streams, errors, budget, emit, should_yield, slack)
+            if self.closing_progress and (self.rows_left is None or self.rows_left > 0):
+                chunks.update(self._progress(errors))
+            return chunks
+
+    def _progress(self, errors: Errors) -> Chunks:
+        """One slice of the first exact closing pass among the step's short and comfortable ones (rank
+        order) where none of them advanced this step (``closing_progress``); its audio once it ends."""
+        candidates = [(s, job) for s, job in self.progress if id(s) not in errors and not s.closed]
+        if not candidates or any(id(s) in self.sliced for s, _ in candidates):
+            return {}
+        stream, job = candidates[0]
+        self.num_progress_slices += 1
+        chunk = self._closing_slice(stream, job, errors, CLOSING_SLICE)
+        return {} if chunk is None else {id(stream): chunk}
 
     def _run(
         self,
@@ -214,12 +246,17 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         rows = budget.hop_rows
         ran = {id(stream) for stream, _ in first}  # one call a stream a step
         first, rows = self._take(first, rows)
+        self.progress += [
+            (stream, job) for stream, lane, job in ready if lane == Lane.SHORT and _exact_closing(job)
+        ]  # and the comfortable lane's, below (once its deferred rows are known)
         chunks: Chunks = {}
         openings = sum(job.token_offset == 0 for _, job in first)
         calls, after = self._urgent_calls(first, self._can_wait(first, slack, started, openings))
         for group in calls:
             chunks.update(self._timed_group(group, errors))
             chunks = self._emit(chunks, emit)
+        second = self._comfortable(later, streams, errors)  # the step's openings are out
+        self.progress += [(stream, job) for stream, job in second if _exact_closing(job)]
         if after and yielding():  # a newcomer: its opening first if these can wait for it too
             if len(self._can_wait(after, slack, started, 1, waves_started - started)) == len(after):
                 self.num_yields += 1
@@ -241,7 +278,6 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         stop_short = yielding if self.short_closings_yield else never
         chunks.update(self._wave_group(short, errors, whole=SHORT_WHOLE_CLOSINGS, stop=stop_short))
         chunks = self._emit(chunks, emit)
-        second = self._comfortable(later, streams, errors)
         if second and yielding():
             self.num_yields += 1
             return chunks
@@ -294,7 +330,8 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         """The first of ``jobs`` that fit the step's remaining hop rows, and the rows left after them."""
         taken, deferred = StepBudget.take(jobs, rows)
         self.num_hops_deferred += deferred
-        return taken, None if rows is None else rows - len(taken)
+        self.rows_left = None if rows is None else rows - len(taken)
+        return taken, self.rows_left
 
     @staticmethod
     def _emit(chunks: Chunks, emit: Emit | None) -> Chunks:

@@ -41,6 +41,7 @@ class WaveStepping:
     closings: dict[int, tuple[CosyVoiceStream, PendingClosing]]  # exact closing calls under way, by id(stream)
     num_closing_pauses: int
     num_yields: int
+    sliced: set[int]  # streams whose exact closing call advanced this step (id)
     call_seconds: dict[str, deque[float]]  # recent urgent calls' seconds a row: "opening" and "urgent"
     timeline: Timeline | None  # what each call ran and when (a benchmark's; None in a server)
 
@@ -65,6 +66,7 @@ class WaveStepping:
                 pending = t2w.begin_closing(job)
                 self.closings[id(stream)] = (stream, pending)
             to_end_by_slices = steps is None and stop is not never
+            self.sliced.add(id(stream))
             done = t2w.advance_closing(pending, CLOSING_SLICE if to_end_by_slices else steps)
             while to_end_by_slices and not done and not stop():
                 done = t2w.advance_closing(pending, CLOSING_SLICE)
