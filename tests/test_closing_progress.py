@@ -88,3 +88,20 @@ def test_no_extra_slice_where_the_lanes_closing_passes_advanced_and_the_first_in
     assert last["closing_pauses"] == after["closing_pauses"] + 1 and id(streams[0]) in backend.stepper.closings
     for stream in streams:
         stream.close()
+
+
+def test_a_closing_pass_run_whole_in_its_lanes_batch_takes_no_extra_slice(
+    model: CosyVoice3, voices: VoiceStore
+) -> None:
+    """A step asked nothing about newcomers (``should_yield`` None) runs the short lane's closing pass whole,
+    in its batch: that pass is done, so no slice follows (a slice of it would be a stale job: its
+    stream failed, in the first A/B of the setting)."""
+    backend = make_backend(model, voices, burst=32)
+    backend.stepper.closing_progress = True
+    stream = backend.open_stream(PLAYING[0], "default", 1.0)
+    _until_closing(backend, stream, [])
+    before = backend.step_stats()
+    [out] = backend.step([stream], StepBudget(lanes=(Lane.SHORT,)))
+    assert _samples(out) > 0 and stream.next_job() is None  # its last audio
+    assert backend.step_stats()["closing_progress_slices"] == before["closing_progress_slices"]
+    stream.close()

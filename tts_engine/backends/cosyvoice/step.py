@@ -160,7 +160,7 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         # the urgent lane together and run whole, ahead of the next openings.
         self.closing_progress = False
         self.num_progress_slices = 0  # ... slices run so
-        self.sliced: set[int] = set()  # streams whose exact closing call advanced this step (id)
+        self.closings_run: set[int] = set()  # streams whose closing pass ran or advanced this step (id)
         self.progress: list[tuple[CosyVoiceStream, HopJob]] = []  # the step's candidates for _progress
         self.rows_left: int | None = None  # the step's hop rows left (None: no cap)
 
@@ -186,7 +186,7 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         step, or it would be urgent). ``slack``: each stream's playback slack when the step was planned,
         by id (with ``rows_cost``, urgent rows with slack to spare wait for the openings)."""
         with span_of(self.timeline, "step", len(streams), lambda: _lanes(streams)):
-            self.sliced.clear()
+            self.closings_run.clear()
             self.progress.clear()
             self.rows_left = budget.hop_rows
             chunks = self._run(streams, errors, budget, emit, should_yield, slack)
@@ -197,8 +197,10 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
     def _progress(self, errors: Errors) -> Chunks:
         """One slice of the first exact closing pass among the step's short and comfortable ones (rank
         order) where none of them advanced this step (``closing_progress``); its audio once it ends."""
-        candidates = [(s, job) for s, job in self.progress if id(s) not in errors and not s.closed]
-        if not candidates or any(id(s) in self.sliced for s, _ in candidates):
+        candidates = [
+            (s, job) for s, job in self.progress if id(s) not in errors and not s.closed and s.next_job() == job
+        ]
+        if not candidates or any(id(s) in self.closings_run for s, _ in candidates):
             return {}
         stream, job = candidates[0]
         self.num_progress_slices += 1

@@ -41,7 +41,7 @@ class WaveStepping:
     closings: dict[int, tuple[CosyVoiceStream, PendingClosing]]  # exact closing calls under way, by id(stream)
     num_closing_pauses: int
     num_yields: int
-    sliced: set[int]  # streams whose exact closing call advanced this step (id)
+    closings_run: set[int]  # streams whose closing pass ran or advanced this step (id)
     call_seconds: dict[str, deque[float]]  # recent urgent calls' seconds a row: "opening" and "urgent"
     timeline: Timeline | None  # what each call ran and when (a benchmark's; None in a server)
 
@@ -66,7 +66,7 @@ class WaveStepping:
                 pending = t2w.begin_closing(job)
                 self.closings[id(stream)] = (stream, pending)
             to_end_by_slices = steps is None and stop is not never
-            self.sliced.add(id(stream))
+            self.closings_run.add(id(stream))
             done = t2w.advance_closing(pending, CLOSING_SLICE if to_end_by_slices else steps)
             while to_end_by_slices and not done and not stop():
                 done = t2w.advance_closing(pending, CLOSING_SLICE)
@@ -162,6 +162,7 @@ class WaveStepping:
                 batched.append((stream, job))  # whole and not begun: in the batch, as the together order runs it
             else:
                 sliced.append((stream, job, None if runs_whole else CLOSING_SLICE))
+        self.closings_run.update(id(stream) for stream, job in batched if job.finalize)
         if not row_calls:
             chunks = self._wave_step(batched, errors)
         else:
