@@ -34,7 +34,7 @@ def test_a_comfortable_closing_pass_advances_a_slice_a_step_though_every_step_yi
     slice a step all the same and ends with the same audio, bit for bit, as run whole; without it, it
     never starts."""
     backend = make_backend(model, voices, burst=32)
-    assert not backend.stepper.closing_progress  # off by default
+    assert backend.stepper.closing_progress  # on by default
     whole: list[np.ndarray] = []
     reference = backend.open_stream(PLAYING[1], "default", 1.0)
     _until_closing(backend, reference, whole)

@@ -157,8 +157,10 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         # With it a step in which no exact closing pass of the short or comfortable lane advanced (a new
         # request ended it first, as under steady arrivals nearly every step is) still runs one slice of
         # the first such pass in rank order, after its urgent audio is out: held passes otherwise reach
-        # the urgent lane together and run whole, ahead of the next openings.
-        self.closing_progress = False
+        # the urgent lane together and run whole, ahead of the next openings. Two A/Bs on one engine
+        # (loads 0.6 and 0.9, three rounds each): a lower first-chunk p95 in four rounds of six at
+        # each load, fewer underruns in all (docs/gpu-sharing.md, item 5).
+        self.closing_progress = True
         self.num_progress_slices = 0  # ... slices run so
         self.closings_run: set[int] = set()  # streams whose closing pass ran or advanced this step (id)
         self.progress: list[tuple[CosyVoiceStream, HopJob]] = []  # the step's candidates for _progress
