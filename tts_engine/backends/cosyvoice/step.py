@@ -59,6 +59,7 @@ from tts_engine.backends.cosyvoice.wave_step import (
     Chunks,
     Stop,
     WaveStepping,
+    exact_closing,
     never,
 )
 from tts_engine.budget import Lane, StepBudget
@@ -74,11 +75,6 @@ _NO_AUDIO = np.zeros(0, dtype=np.float32)
 def _opens(stream: CosyVoiceStream, lane: Lane) -> bool:
     """Its next audio is an opening hop that may run this step (not a batch stream held back)."""
     return lane != Lane.BACKGROUND and stream.awaits_opening
-
-
-def _exact_closing(job: HopJob) -> bool:
-    """An exact closing pass: it may run a slice at a time (``WaveStepping._closing_slice``)."""
-    return job.finalize and not job.streaming
 
 
 def _lanes(streams: Sequence[tuple[CosyVoiceStream, Lane]]) -> str:
@@ -253,7 +249,7 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         ran = {id(stream) for stream, _ in first}  # one call a stream a step
         first, rows = self._take(first, rows)
         self.progress += [
-            (stream, job) for stream, lane, job in ready if lane == Lane.SHORT and _exact_closing(job)
+            (stream, job) for stream, lane, job in ready if lane == Lane.SHORT and exact_closing(job)
         ]  # and the comfortable lane's, below (once its deferred rows are known)
         chunks: Chunks = {}
         openings = sum(job.token_offset == 0 for _, job in first)
@@ -262,7 +258,7 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
             chunks.update(self._timed_group(group, errors))
             chunks = self._emit(chunks, emit)
         second = self._comfortable(later, streams, errors)  # the step's openings are out
-        self.progress += [(stream, job) for stream, job in second if _exact_closing(job)]
+        self.progress += [(stream, job) for stream, job in second if exact_closing(job)]
         if after and yielding():  # a newcomer: its opening first if these can wait for it too
             if len(self._can_wait(after, slack, started, 1, waves_started - started)) == len(after):
                 self.num_yields += 1

@@ -27,6 +27,11 @@ def never() -> bool:
     return False
 
 
+def exact_closing(job: HopJob) -> bool:
+    """An exact closing pass (full attention): it may run a slice at a time (``_closing_slice``)."""
+    return job.finalize and not job.streaming
+
+
 def _kinds(jobs: list[tuple[CosyVoiceStream, HopJob]]) -> str:
     """A flow call's rows by kind for a timeline: O opening, H later hop, C closing (\"O1 H2\")."""
     kinds = ["C" if job.finalize else "O" if job.token_offset == 0 else "H" for _, job in jobs]
@@ -154,7 +159,7 @@ class WaveStepping:
         two slices."""
         batched = [(stream, job) for stream, job in jobs if not job.finalize or job.streaming]
         sliced: list[tuple[CosyVoiceStream, HopJob, int | None]] = []
-        closing = [(stream, job) for stream, job in jobs if job.finalize and not job.streaming]
+        closing = [(stream, job) for stream, job in jobs if exact_closing(job)]
         whole_stops = stop is not never  # the short lane on a CPU (run); the comfortable lane has no whole ones
         for k, (stream, job) in enumerate(closing):
             runs_whole = whole is None or k < whole
