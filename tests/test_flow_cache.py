@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from cosyvoice.flow import DiTConfig, Flow, FlowConfig
+from cosyvoice.flow import DiTConfig, Flow, FlowConfig, FlowInputError
 from cosyvoice.flow.chunk_cache import FlowCacheManager, FlowRowCache, segment_bytes
 from cosyvoice.flow.incremental import row_groups
 from tests.test_cosy_flow import VOCAB, single_thread, tiny_config  # noqa: F401 - single_thread: autouse
@@ -264,3 +264,61 @@ def test_rows_of_very_different_lengths_are_solved_in_separate_calls() -> None:
     assert sorted(groups) == [[0, 2, 4], [1, 3]]
     assert row_groups([100, 90, 100], [0, 0, 0]) == [[0, 1, 2]]  # alike: one call
     assert row_groups([500], [0]) == [[0]]
+
+
+def _begin(flow: Flow, voice: Voice, n: int, cache: FlowRowCache, offset: int):
+    return flow.begin_inference(
+        voice.tokens[:, :n], [n], voice.prompt_token, [voice.num_prompt], voice.prompt_feat,
+        [2 * voice.num_prompt], voice.embedding, streaming=True, finalize=False, caches=[cache],
+        skip_frames=[2 * offset],
+    )  # fmt: skip
+
+
+def test_a_cached_solve_in_slices_is_one_call_bit_for_bit_an_euler_step_an_advance(flow: Flow) -> None:
+    """``begin_inference`` with caches, advanced one Euler step at a time (the engine runs other streams'
+    work between two), gives the mel of one ``inference`` call bit for bit and keeps the same chunks."""
+    voice = Voice(7, 13, 60)
+    whole_cache, sliced_cache = (FlowCacheManager(1 << 30).stream_cache(object()) for _ in range(2))
+    steps = flow.cfg.n_timesteps
+    plan = hops(13, 60, first=4, max_hop=16)
+    assert len(plan) >= 3
+    for n, offset in plan:
+        whole = call(flow, voice, n, whole_cache, offset, streaming=True, finalize=False)
+        solve = _begin(flow, voice, n, sliced_cache, offset)
+        with pytest.raises(FlowInputError):
+            flow.finish_inference(solve)  # nothing integrated yet
+        for _ in range(steps - 1):
+            assert not flow.advance_inference(solve, 1) and not solve.done
+        assert flow.advance_inference(solve, 1) and solve.done
+        assert flow.advance_inference(solve, 1)  # done stays done
+        assert torch.equal(flow.finish_inference(solve)[:, :, 2 * offset :], whole)
+        assert sliced_cache.frames == whole_cache.frames == 2 * (13 + n - LOOKAHEAD)
+
+
+def test_a_sliced_batch_of_two_solve_calls_takes_an_advance_per_euler_step_of_each(flow: Flow) -> None:
+    """A batch whose rows are solved in two calls (a cached hop, an exact closing pass): twice the Euler
+    steps, each one advance; the same mel as one call."""
+    voice = Voice(8, 13, 60)
+    (n0, _), (n1, offset) = hops(13, 60, first=4, max_hop=16)[:2]
+    mels, counts = [], []
+    for sliced in (False, True):
+        cache = FlowCacheManager(1 << 30).stream_cache(object())
+        call(flow, voice, n0, cache, streaming=True, finalize=False)  # the first hop: its chunks are kept
+        hop_row = torch.cat((voice.tokens[:, :n1], torch.zeros(1, 60 - n1, dtype=torch.int32)), dim=1)
+        args = (
+            torch.cat((hop_row, voice.tokens)), [n1, 60], voice.prompt_token.repeat(2, 1), [13, 13], voice.prompt_feat.repeat(2, 1, 1), [26, 26],
+            voice.embedding.repeat(2, 1),
+        )
+        kw = {"streaming": [True, False], "finalize": [False, True], "caches": [cache, None],
+              "skip_frames": [2 * offset, 0]}  # fmt: skip
+        if not sliced:
+            mels.append(flow.inference(*args, **kw))
+            continue
+        solve = flow.begin_inference(*args, **kw)
+        count = 0
+        while not flow.advance_inference(solve, 1):
+            count += 1
+        counts.append(count + 1)
+        mels.append(flow.finish_inference(solve))
+    assert counts == [2 * flow.cfg.n_timesteps]
+    assert torch.equal(mels[0], mels[1])

@@ -24,8 +24,7 @@ streaming=True, finalize=False)[:, :, 2 * offset:]``; the closing call uses stre
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Generator, Sequence
 from pathlib import Path
 
 import torch
@@ -37,7 +36,8 @@ from .chunk_cache import FlowRowCache
 from .config import CFMConfig, FlowConfig
 from .dit import DiT
 from .errors import FlowInputError
-from .incremental import solve_with_caches
+from .incremental import solve_with_caches_steps
+from .solve import FlowSolve, Prepared
 from .weights import (
     ESTIMATOR_PREFIX,
     StateDictReader,
@@ -206,25 +206,12 @@ class Flow(nn.Module):
         frames of row b are not needed by the caller (they are returned as zeros when a cache let the
         row skip them). Results equal the uncached call up to floating point rounding.
         """
-        prep = self._prepare(
+        solve = self.begin_inference(
             token, token_len, prompt_token, prompt_token_len, prompt_feat, prompt_feat_len, embedding, streaming,
-            finalize,
+            finalize, n_timesteps, cfg_rate, temperature, caches=caches, skip_frames=skip_frames,
         )  # fmt: skip
-        steps = self.cfg.n_timesteps if n_timesteps is None else n_timesteps
-        feat = None
-        if caches is not None:
-            skip = [0] * prep.batch if skip_frames is None else _row_ints(skip_frames, prep.batch, "skip_frames")
-            feat = solve_with_caches(
-                self.decoder, self.cfg, prep.mu, prep.cond, prep.spk, prep.frames, prep.stream, prep.fin,
-                prep.p_len, prep.f_len, list(caches), skip, n_timesteps=steps, cfg_rate=cfg_rate,
-                temperature=temperature,
-            )  # fmt: skip
-        if feat is None:
-            feat = self.decoder.solve(
-                prep.mu, prep.cond, prep.spk, prep.frames, prep.stream, n_timesteps=steps, cfg_rate=cfg_rate,
-                temperature=temperature,
-            )  # [B, T, 80] fp32
-        return self._output(prep, feat)
+        self.advance_inference(solve)
+        return self.finish_inference(solve)
 
     @torch.inference_mode()
     def begin_inference(
@@ -241,30 +228,72 @@ class Flow(nn.Module):
         n_timesteps: int | None = None,
         cfg_rate: float | None = None,
         temperature: float = 1.0,
+        *,
+        caches: Sequence[FlowRowCache | None] | None = None,
+        skip_frames: Sequence[int] | None = None,
     ) -> FlowSolve:
-        """:meth:`inference` without caches as a resumable solve: :meth:`advance_inference` runs its Euler
-        steps a few at a time (another request's work can go between them), :meth:`finish_inference`
-        gives the mel. The same operations as one :meth:`inference` call without caches."""
+        """:meth:`inference` as a resumable solve: :meth:`advance_inference` runs its Euler steps a few at a
+        time (another request's work can go between them), :meth:`finish_inference` gives the mel. The
+        same operations as one :meth:`inference` call, however it is sliced."""
         prep = self._prepare(
             token, token_len, prompt_token, prompt_token_len, prompt_feat, prompt_feat_len, embedding, streaming,
             finalize,
         )  # fmt: skip
         steps = self.cfg.n_timesteps if n_timesteps is None else n_timesteps
-        euler = self.decoder.begin(
+        if caches is None:
+            return FlowSolve(prep, self._euler(prep, steps, cfg_rate, temperature))
+        skip = [0] * prep.batch if skip_frames is None else _row_ints(skip_frames, prep.batch, "skip_frames")
+        return FlowSolve(prep, None, self._cached_steps(prep, list(caches), skip, steps, cfg_rate, temperature))
+
+    def _euler(self, prep: Prepared, steps: int, cfg_rate: float | None, temperature: float) -> EulerSolve:
+        return self.decoder.begin(
             prep.mu, prep.cond, prep.spk, prep.frames, prep.stream, n_timesteps=steps, cfg_rate=cfg_rate,
             temperature=temperature,
         )  # fmt: skip
-        return FlowSolve(prep, euler)
+
+    def _cached_steps(
+        self,
+        prep: Prepared,
+        caches: list[FlowRowCache | None],
+        skip: list[int],
+        steps: int,
+        cfg_rate: float | None,
+        temperature: float,
+    ) -> Generator[None, None, Tensor]:
+        """The solve with caches, one ``next()`` an Euler step (the plain one where no cache serves)."""
+        feat = yield from solve_with_caches_steps(
+            self.decoder, self.cfg, prep.mu, prep.cond, prep.spk, prep.frames, prep.stream, prep.fin,
+            prep.p_len, prep.f_len, caches, skip, n_timesteps=steps, cfg_rate=cfg_rate, temperature=temperature,
+        )  # fmt: skip
+        if feat is None:
+            euler = self._euler(prep, steps, cfg_rate, temperature)
+            while not self.decoder.advance(euler, 1):
+                yield
+            feat = euler.result()  # [B, T, 80] fp32
+        return feat
 
     @torch.inference_mode()
     def advance_inference(self, solve: FlowSolve, steps: int | None = None) -> bool:
         """Run ``steps`` more Euler steps of ``solve`` (None: the rest); True once it is done."""
-        return self.decoder.advance(solve.euler, steps)
+        if solve.euler is not None:
+            return self.decoder.advance(solve.euler, steps)
+        left = -1 if steps is None else steps
+        while solve.feat is None and left != 0 and solve.steps is not None:
+            try:
+                next(solve.steps)
+            except StopIteration as stop:
+                solve.feat = stop.value
+            left -= 1
+        return solve.done
 
     @torch.inference_mode()
     def finish_inference(self, solve: FlowSolve) -> Tensor:
         """The mel [B, 80, M_max] of a done solve, as :meth:`inference` returns it."""
-        return self._output(solve.prep, solve.euler.result())
+        if solve.euler is not None:
+            return self._output(solve.prep, solve.euler.result())
+        if solve.feat is None:
+            raise FlowInputError("a flow solve was read before its last Euler step")
+        return self._output(solve.prep, solve.feat)
 
     def _prepare(
         self,
@@ -277,7 +306,7 @@ class Flow(nn.Module):
         embedding: Tensor,
         streaming: bool | Tensor | Sequence[bool],
         finalize: bool | Tensor | Sequence[bool],
-    ) -> _Prepared:
+    ) -> Prepared:
         """Checks, then the solve's inputs (mu, cond, spk) and what the output gather needs."""
         cfg = self.cfg
         if token.dim() != 2 or prompt_token.dim() != 2 or token.shape[0] != prompt_token.shape[0]:
@@ -353,43 +382,14 @@ class Flow(nn.Module):
         out_len = [t - f for t, f in zip(frames, f_len, strict=True)]
         out_pos = torch.arange(max(out_len), device=device).unsqueeze(0)  # [1, Mmax]
         out_valid = (out_pos < torch.tensor(out_len, device=device)[:, None])[:, :, None]  # [B, Mmax, 1]
-        return _Prepared(
+        return Prepared(
             batch=batch, mu=mu, cond=cond, spk=spk, frames=frames, stream=stream, fin=fin, p_len=p_len,
             f_len=f_len, out_pos=out_pos, out_valid=out_valid, f_b=f_b, t_max=t_max,
         )  # fmt: skip
 
-    def _output(self, prep: _Prepared, feat: Tensor) -> Tensor:
+    def _output(self, prep: Prepared, feat: Tensor) -> Tensor:
         """Row b's output is frames F_b .. frames_b - 1: [B, 80, Mmax] by one gather, zero past M_b."""
         index = (prep.out_pos + prep.f_b).clamp(max=prep.t_max - 1)  # [B, Mmax]
         mel = feat.gather(1, index.unsqueeze(-1).expand(-1, -1, self.cfg.mel_dim))  # [B, Mmax, 80]
         mel = torch.where(prep.out_valid, mel, torch.zeros((), device=mel.device, dtype=mel.dtype))
         return mel.transpose(1, 2).contiguous()  # [B, 80, Mmax]
-
-
-@dataclass(frozen=True, eq=False)
-class _Prepared:
-    batch: int
-    mu: Tensor  # [B, T, 80]
-    cond: Tensor  # [B, T, 80]
-    spk: Tensor  # [B, 80]
-    frames: list[int]
-    stream: list[bool]
-    fin: list[bool]
-    p_len: list[int]
-    f_len: list[int]
-    out_pos: Tensor  # [1, Mmax]
-    out_valid: Tensor  # [B, Mmax, 1]
-    f_b: Tensor  # [B, 1]
-    t_max: int
-
-
-@dataclass(frozen=True, eq=False)
-class FlowSolve:
-    """A flow call under way (:meth:`Flow.begin_inference`)."""
-
-    prep: _Prepared
-    euler: EulerSolve
-
-    @property
-    def done(self) -> bool:
-        return self.euler.done

@@ -15,7 +15,8 @@ floating point rounding.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +27,9 @@ from .chunk_cache import CacheKey, ChunkSegment, FlowRowCache, segment_bytes
 from .config import FlowConfig
 from .dit import LAYER_NORM_EPS, DiT, apply_head0_rope_
 
-__all__ = ["solve_cached", "solve_with_caches"]
+__all__ = ["run_steps", "solve_cached", "solve_cached_steps", "solve_with_caches", "solve_with_caches_steps"]
+
+T = TypeVar("T")
 
 
 class _Captures:
@@ -178,7 +181,12 @@ def _estimate(
     return dit.proj_out(h)
 
 
-def solve_cached(
+def solve_cached(*args: Any, **kwargs: Any) -> tuple[Tensor, list[list[ChunkSegment]]]:
+    """:func:`solve_cached_steps` run to its end."""
+    return run_steps(solve_cached_steps(*args, **kwargs))
+
+
+def solve_cached_steps(
     cfm: CausalCFM,
     mu: Tensor,
     cond: Tensor,
@@ -192,14 +200,16 @@ def solve_cached(
     n_timesteps: int,
     cfg_rate: float,
     temperature: float = 1.0,
-) -> tuple[Tensor, list[list[ChunkSegment]]]:
+) -> Generator[None, None, tuple[Tensor, list[list[ChunkSegment]]]]:
     """Integrate the new frames of every row.
 
     mu, cond [B, Tn, 80]: row b's inputs for frames ``starts[b] ..`` (``lengths[b]`` valid, right-padded
     with finite values); spk [B, 80]; ``past[b]`` the cached segments covering frames 0 .. starts[b] - 1
     (empty when starts[b] == 0); ``keep[b]`` the absolute frame boundaries (ascending, chunk multiples,
     each > starts[b] and <= starts[b] + lengths[b]) of the new segments to capture, one per interval.
-    Returns (fp32 x [B, Tn, 80], the captured segments per row).
+    Returns (fp32 x [B, Tn, 80], the captured segments per row) as a generator's value: it pauses
+    between two Euler steps (one ``next()`` a step, the last one returns), so a caller can run other
+    work between them (:func:`run_steps` runs it whole).
     """
     dit = cfm.estimator
     batch, new, mel_dim = mu.shape
@@ -227,6 +237,8 @@ def solve_cached(
     noise = cfm.noise_frames(max(starts) + new, device)  # [P + Tn, 80]
     x = noise[pos] * temperature  # [B, Tn, 80]
     for step in range(n_timesteps):
+        if step:
+            yield  # between two Euler steps
         x_in = torch.cat((x, x)) if guided else x
         v = _estimate(
             dit, x_in.to(dtype), mu_in, cond_in, spk_in, modulation[step : step + 1], rope, mask, step, past,
@@ -239,7 +251,12 @@ def solve_cached(
     return x.float(), captures.rows
 
 
-def solve_with_caches(
+def solve_with_caches(*args: Any, **kwargs: Any) -> Tensor | None:
+    """:func:`solve_with_caches_steps` run to its end."""
+    return run_steps(solve_with_caches_steps(*args, **kwargs))
+
+
+def solve_with_caches_steps(
     cfm: CausalCFM,
     cfg: FlowConfig,
     mu: Tensor,
@@ -256,13 +273,14 @@ def solve_with_caches(
     n_timesteps: int,
     cfg_rate: float | None,
     temperature: float,
-) -> Tensor | None:
+) -> Generator[None, None, Tensor | None]:
     """:meth:`Flow.inference`'s solve when rows carry caches; None when no row starts late or keeps chunks.
 
     mu, cond [B, T, 80] over every frame; returns fp32 [B, T, 80] with the frames each row skipped zero.
     Streaming rows start at the end of their usable cached segments (at most their first needed output
     frame, ``prompt_frames[b] + skip[b]``); non-final streaming rows keep their new complete chunks, split
     at the end of the prompt's voice-only chunks when the stream may offer them as its voice's prefix.
+    A generator as :func:`solve_cached_steps` is (one ``next()`` an Euler step; None before any step).
     """
     dit = cfm.estimator
     chunk = dit.cfg.static_chunk_size
@@ -308,7 +326,9 @@ def solve_with_caches(
     lengths = [f - s for f, s in zip(frames, starts, strict=True)]
     feat = torch.zeros(batch, mu.shape[1], mu.shape[-1], device=device, dtype=torch.float32)
     captured: list[list[ChunkSegment]] = [[] for _ in range(batch)]
-    for rows in row_groups(lengths, starts):
+    for group, rows in enumerate(row_groups(lengths, starts)):
+        if group:
+            yield  # between the last Euler step of one solve call and the first of the next
         pick = torch.tensor(rows, device=device)
         r_starts, r_lengths = [starts[b] for b in rows], [lengths[b] for b in rows]
         new, total = max(r_lengths), max(r_starts) + max(r_lengths)
@@ -321,7 +341,7 @@ def solve_with_caches(
             torch.where(valid, F.pad(t[pick], (0, 0, 0, max(0, total - t.shape[1]))).gather(1, index), zero)
             for t in (mu, cond)
         )  # [G, Tn, 80] each
-        x, got = solve_cached(
+        x, got = yield from solve_cached_steps(
             cfm, mu_new, cond_new, spk[pick], r_starts, r_lengths, [streaming[b] for b in rows],
             [past[b] for b in rows], [keep[b] for b in rows],
             n_timesteps=n_timesteps, cfg_rate=rate, temperature=temperature,
@@ -335,6 +355,15 @@ def solve_with_caches(
         if cache is not None and streaming[b] and not finalize[b]:
             cache.store(key, past[b], captured[b], voice_ends[b])
     return feat
+
+
+def run_steps(steps: Generator[None, None, T]) -> T:
+    """A stepping generator (``solve_cached_steps``, ``solve_with_caches_steps``) run to its end; its value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value
 
 
 PAD_SLACK = 1.25  # a group's padded frames may be at most this times its rows' own new frames

@@ -4,11 +4,11 @@
 from cosyvoice.token2wav.stream import (
     HopJob,
     HopSchedule,
-    PendingClosing,
+    PendingCall,
     SpeakerPrompt,
     Token2Wav,
     Token2WavError,
     Token2WavStream,
 )
 
-__all__ = ["HopJob", "HopSchedule", "PendingClosing", "SpeakerPrompt", "Token2Wav", "Token2WavError", "Token2WavStream"]
+__all__ = ["HopJob", "HopSchedule", "PendingCall", "SpeakerPrompt", "Token2Wav", "Token2WavError", "Token2WavStream"]

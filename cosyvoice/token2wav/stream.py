@@ -32,7 +32,7 @@ import torch
 from cosyvoice.config import CosyVoice3Config, load_config
 from cosyvoice.flow import Flow
 from cosyvoice.flow.chunk_cache import FlowCacheManager
-from cosyvoice.flow.flow import FlowSolve
+from cosyvoice.flow.solve import FlowSolve
 from cosyvoice.hift import CausalHift
 from cosyvoice.hift.stream import HiftStreamState, vocode_streams
 from cosyvoice.pretrained import load_flow, load_hift
@@ -40,7 +40,7 @@ from cosyvoice.pretrained import load_flow, load_hift
 __all__ = [
     "HopJob",
     "HopSchedule",
-    "PendingClosing",
+    "PendingCall",
     "SpeakerPrompt",
     "Token2Wav",
     "Token2WavError",
@@ -312,43 +312,41 @@ class Token2Wav:
             job.stream._apply(job, mel)
         return vocode_streams(self.hift, [job.stream.vocoder for job in jobs], [job.finalize for job in jobs])
 
-    # -- an exact closing call in slices (the engine runs other streams' work between them) ----------
+    # -- one call in slices (the engine runs other streams' work between them) -------------------------
 
     @torch.inference_mode()
-    def begin_closing(self, job: HopJob) -> PendingClosing:
-        """``job``, an exact closing call (``finalize``, full attention), as a flow solve to advance a few
-        Euler steps at a time (:meth:`advance_closing`) and then vocode (:meth:`finish_closing`): the same
-        operations as ``run([job])``, so the same samples, however it is sliced."""
-        if not job.finalize or job.streaming:
-            raise Token2WavError("only an exact closing call (finalize, not streaming) runs in slices")
+    def begin_call(self, job: HopJob) -> PendingCall:
+        """``job`` (a hop or a closing call) as a flow solve to advance a few Euler steps at a time
+        (:meth:`advance_call`) and then vocode (:meth:`finish_call`): the same operations as
+        ``run([job])``, so the same samples, however it is sliced."""
         if job.stream.owner is not self or job.stream.next_job() != job:
             raise Token2WavError("stale job: the stream's state changed since next_job()")
-        args = self._flow_args([job])
-        return PendingClosing(job, self.flow.begin_inference(**args))
+        return PendingCall(job, self.flow.begin_inference(**self._flow_args([job]), **self._cache_args([job])))
 
-    def advance_closing(self, pending: PendingClosing, steps: int | None = None) -> bool:
+    def advance_call(self, pending: PendingCall, steps: int | None = None) -> bool:
         """Run ``steps`` more of its Euler steps (None: the rest); True once its flow is done."""
         return self.flow.advance_inference(pending.solve, steps)
 
     @torch.inference_mode()
-    def finish_closing(self, pending: PendingClosing) -> torch.Tensor:
-        """Vocode a done closing call; its stream's last samples."""
-        if pending.job.stream.next_job() != pending.job:
-            raise Token2WavError("stale job: the stream's state changed since begin_closing()")
+    def finish_call(self, pending: PendingCall) -> torch.Tensor:
+        """Vocode a done call; its stream's new samples."""
+        job = pending.job
+        if job.stream.next_job() != job:
+            raise Token2WavError("stale job: the stream's state changed since begin_call()")
         mel = self.flow.finish_inference(pending.solve)
-        [new_mel] = self._cut(mel, [pending.job])
-        pending.job.stream._apply(pending.job, new_mel)
-        return vocode_streams(self.hift, [pending.job.stream.vocoder], [True])[0]
+        [new_mel] = self._cut(mel, [job])
+        job.stream._apply(job, new_mel)
+        return vocode_streams(self.hift, [job.stream.vocoder], [job.finalize])[0]
 
     def _flow_batch(self, jobs: Sequence[HopJob]) -> list[torch.Tensor]:
-        caches = [job.stream.flow_cache for job in jobs] if any(j.stream.flow_cache for j in jobs) else None
         # Host tensors: the flow checks the ids on the host and copies them to its device itself.
-        mel = self.flow.inference(
-            **self._flow_args(jobs),
-            caches=caches,
-            skip_frames=[self.token_mel_ratio * job.token_offset for job in jobs],
-        )  # [B, 80, M]
+        mel = self.flow.inference(**self._flow_args(jobs), **self._cache_args(jobs))  # [B, 80, M]
         return self._cut(mel, jobs)
+
+    def _cache_args(self, jobs: Sequence[HopJob]) -> dict:
+        """The rows' flow caches (None where no row has one) and the output frames each already has."""
+        caches = [job.stream.flow_cache for job in jobs] if any(j.stream.flow_cache for j in jobs) else None
+        return {"caches": caches, "skip_frames": [self.token_mel_ratio * job.token_offset for job in jobs]}
 
     def _flow_args(self, jobs: Sequence[HopJob]) -> dict:
         prompts = [job.stream.prompt for job in jobs]
@@ -381,8 +379,8 @@ class Token2Wav:
 
 
 @dataclass(eq=False)
-class PendingClosing:
-    """An exact closing call under way (:meth:`Token2Wav.begin_closing`)."""
+class PendingCall:
+    """A hop or closing call under way (:meth:`Token2Wav.begin_call`)."""
 
     job: HopJob
     solve: FlowSolve
