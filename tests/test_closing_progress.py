@@ -63,7 +63,7 @@ def test_a_comfortable_closing_pass_advances_a_slice_a_step_though_every_step_yi
     else:
         assert steps == 40 and after["closing_pauses"] == before["closing_pauses"]
         assert after["closing_progress_slices"] == before["closing_progress_slices"]
-        assert id(stream) not in backend.stepper.closings and stream.next_job().finalize
+        assert id(stream) not in backend.stepper.under_way and stream.next_job().finalize
     stream.close()
 
 
@@ -81,11 +81,11 @@ def test_no_extra_slice_where_the_lanes_closing_passes_advanced_and_the_first_in
     backend.step([streams[1]], StepBudget(lanes=(Lane.COMFORTABLE,)), None, lambda: False)
     after = backend.step_stats()
     assert after["closing_progress_slices"] == before["closing_progress_slices"]
-    assert after["closing_pauses"] == before["closing_pauses"] + 1 and id(streams[1]) in backend.stepper.closings
+    assert after["closing_pauses"] == before["closing_pauses"] + 1 and id(streams[1]) in backend.stepper.under_way
     backend.step(streams, StepBudget(lanes=(Lane.SHORT, Lane.COMFORTABLE)), None, lambda: True)
     last = backend.step_stats()
     assert last["closing_progress_slices"] == after["closing_progress_slices"] + 1
-    assert last["closing_pauses"] == after["closing_pauses"] + 1 and id(streams[0]) in backend.stepper.closings
+    assert last["closing_pauses"] == after["closing_pauses"] + 1 and id(streams[0]) in backend.stepper.under_way
     for stream in streams:
         stream.close()
 

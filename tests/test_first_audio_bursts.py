@@ -62,7 +62,7 @@ def playing_and_newcomer(backend: CosyVoiceBackend) -> tuple[CosyVoiceStream, Co
         if playing.next_job() is not None:
             break
         backend.step([playing], tokens_only)
-    assert playing.next_job() is not None and id(playing) not in backend.stepper.closings
+    assert playing.next_job() is not None and id(playing) not in backend.stepper.under_way
     return playing, newcomer
 
 
@@ -210,9 +210,11 @@ def test_on_a_cpu_a_new_request_ends_the_comfortable_hops_between_two_rows(
     model: CosyVoice3, voices: VoiceStore, rows_cost: bool
 ) -> None:
     """With ``rows_cost`` (a CPU) the comfortable group's hops run a row a call and a request that arrives
-    meanwhile ends them between two calls (the rest wait a step); in one batch they all run."""
+    meanwhile ends them between two calls (the rest wait a step); in one batch they all run. (Without
+    ``hop_slices``: tests/test_hop_slices.py has the calls a CPU runs by default.)"""
     backend = make_backend(model, voices, burst=32)
     backend.stepper.rows_cost = rows_cost
+    backend.stepper.hop_slices = False
     streams = [backend.open_stream(t, "default", 1.0) for t in PLAYING]
     both = StepBudget(lanes=(Lane.URGENT, Lane.URGENT))
     started = [False, False]

@@ -326,6 +326,7 @@ class CosyVoiceBackend(Backend):
             "hops_held": stepper.num_hops_held,
             "closing_pauses": stepper.num_closing_pauses,
             "closing_progress_slices": stepper.num_progress_slices,
+            "hop_slices": stepper.num_hop_slices,
             "llm_rows_held": stepper.num_llm_held,
             "openings_alone": stepper.num_openings_alone,
             "urgent_waits": stepper.num_urgent_waits,

@@ -21,18 +21,16 @@ own, its audio out before the group's other rows run: ``rows_cost``, and urgent 
 spare after the openings: ``_can_wait``; urgent_calls.py); then, unless a request arrived meanwhile
 (``should_yield``: the rest waits a step), the short lane's tokens and hops (on a CPU its exact closing
 calls a few Euler steps a call, a new request ending them between two); then the later hops and
-closing passes of streams with a comfortable lead (exact closing passes a few Euler steps a step; with
-``rows_cost`` the hops a row a call, a new request ending them between two calls; a step a request
-ended before any short or comfortable closing pass advanced still runs one slice of the first:
-``closing_progress``); then
-an LLM catch-up for every running LLM (``_catch_up``). While another listener waits for first audio,
-the comfortable work of the deferred lane waits until the step's openings are out
-(``deferred_after_openings``; an opening that could not run this step holds it for a later one), and a
-batch stream's hops wait for a later step. ``"together"``
-is the order before: one token a step, one batch of every ready hop, its audio handed out when the step
-ends. The order decides when a hop runs and with which rows, never what it computes: each hop's tokens,
-offsets and cached chunks are the same either way (tests/test_step_order.py compares the audio bit
-for bit).
+closing passes of streams with a comfortable lead (exact closing passes a few Euler steps a step; on a
+CPU, ``hop_slices``, the hops a few Euler steps a slice to their end, a new request ending them between
+two slices; a step a request ended before any short or comfortable row advanced still runs one slice
+of the first: ``closing_progress``); then an LLM catch-up for every running LLM (``_catch_up``). While
+another listener waits for first audio, the comfortable work of the deferred lane waits until the
+step's openings are out (``deferred_after_openings``; an opening that could not run this step holds it
+for a later one), and a batch stream's hops wait for a later step. ``"together"`` is the order before:
+one token a step, one batch of every ready hop, its audio handed out when the step ends. The order
+decides when a hop runs, with which rows and in how many slices, never what it computes
+(tests/test_step_order.py compares the audio bit for bit).
 
 A batched call that raises is retried row by row where the rows' state allows it, so one bad request
 does not fail its neighbours (wave_step.py has the token2wav calls, llm_step.py the LLM's).
@@ -48,7 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from cosyvoice.token2wav import HopJob, PendingClosing, Token2Wav
+from cosyvoice.token2wav import HopJob, PendingCall, Token2Wav
 from tts_engine.backends.cosyvoice.llm_step import BURST_RIDERS, Errors, LLMStepping
 from tts_engine.backends.cosyvoice.request import CosyVoiceStream
 from tts_engine.backends.cosyvoice.timeline import Timeline, span_of
@@ -104,8 +102,9 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         self.num_hops_held = 0  # ready hops left for a later step by their lane (someone waits for audio)
         self.num_prefills_deferred = 0  # prefills left for a later step by the budget's prefill_rows
         self.seconds = {"llm": 0.0, **{kind: 0.0 for kind in HOP_KINDS}}  # where the step time went
-        # exact closing calls under way, a slice a step ("slack" order): id(stream) -> (stream, its solve)
-        self.closings: dict[int, tuple[CosyVoiceStream, PendingClosing]] = {}
+        # calls under way a slice at a time ("slack" order: exact closing calls, with hop_slices hops too):
+        # id(stream) -> (stream, its solve)
+        self.under_way: dict[int, tuple[CosyVoiceStream, PendingCall]] = {}
         self.num_closing_pauses = 0  # slices after which an exact closing call waited for a later step
         self.num_llm_held = 0  # LLM rows that waited a step (held streams that have their next hop's tokens)
         self.decode_burst = decode_burst
@@ -160,14 +159,19 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         # each load, fewer underruns in all (docs/gpu-sharing.md, item 5).
         self.closing_progress = True
         self.num_progress_slices = 0  # ... slices run so
-        self.closings_run: set[int] = set()  # streams whose closing pass ran or advanced this step (id)
+        self.advanced: set[int] = set()  # streams whose flow call ran or advanced this step (id)
+        # With it the comfortable lane's hops run CLOSING_SLICE Euler steps at a time, a new request ending
+        # them between two slices, and closing_progress takes short and comfortable hops too: a listener
+        # waits behind a slice, not a whole hop (100 tokens: 120-280 ms on a CPU at load 0.6).
+        self.hop_slices = rows_cost
+        self.num_hop_slices = 0  # Euler-step slices of hops run so
         self.progress: list[tuple[CosyVoiceStream, HopJob]] = []  # the step's candidates for _progress
         self.rows_left: int | None = None  # the step's hop rows left (None: no cap)
 
     def set_rows_cost(self, on: bool) -> None:
         """Override the backend's choice by device: ``rows_cost`` and what follows from it
-        (``short_closings_yield``), as ``__init__`` sets them (a benchmark's before / after)."""
-        self.rows_cost = self.short_closings_yield = on
+        (``short_closings_yield``, ``hop_slices``), as ``__init__`` sets them (a benchmark's before / after)."""
+        self.rows_cost = self.short_closings_yield = self.hop_slices = on
 
     def run(
         self,
@@ -186,7 +190,7 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         step, or it would be urgent). ``slack``: each stream's playback slack when the step was planned,
         by id (with ``rows_cost``, urgent rows with slack to spare wait for the openings)."""
         with span_of(self.timeline, "step", len(streams), lambda: _lanes(streams)):
-            self.closings_run.clear()
+            self.advanced.clear()
             self.progress.clear()
             self.rows_left = budget.hop_rows
             chunks = self._run(streams, errors, budget, emit, should_yield, slack)
@@ -195,16 +199,14 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
             return chunks
 
     def _progress(self, errors: Errors) -> Chunks:
-        """One slice of the first exact closing pass among the step's short and comfortable ones (rank
-        order) where none of them advanced this step (``closing_progress``); its audio once it ends."""
-        candidates = [
-            (s, job) for s, job in self.progress if id(s) not in errors and not s.closed and s.next_job() == job
-        ]
-        if not candidates or any(id(s) in self.closings_run for s, _ in candidates):
+        """One slice of the first of the step's short and comfortable rows ``_progresses`` takes (rank order)
+        where none of them advanced this step (``closing_progress``); its audio once it ends."""
+        candidates = [(s, job) for s, job in self.progress if id(s) not in errors and not s.closed and s.next_job() == job]
+        if not candidates or any(id(s) in self.advanced for s, _ in candidates):
             return {}
         stream, job = candidates[0]
         self.num_progress_slices += 1
-        chunk = self._closing_slice(stream, job, errors, CLOSING_SLICE)
+        chunk = self._slice(stream, job, errors, CLOSING_SLICE)
         return {} if chunk is None else {id(stream): chunk}
 
     def _run(
@@ -216,9 +218,9 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         should_yield: Stop | None,
         slack: Mapping[int, float] | None,
     ) -> Chunks:
-        for key, (stream, _) in list(self.closings.items()):
+        for key, (stream, _) in list(self.under_way.items()):
             if stream.closed:
-                del self.closings[key]  # finished, failed or aborted meanwhile
+                del self.under_way[key]  # finished, failed or aborted meanwhile
         yielding = should_yield or never
         started = time.perf_counter()
         self._llm_step(streams, errors, budget.prefill_rows)
@@ -249,7 +251,7 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         ran = {id(stream) for stream, _ in first}  # one call a stream a step
         first, rows = self._take(first, rows)
         self.progress += [
-            (stream, job) for stream, lane, job in ready if lane == Lane.SHORT and exact_closing(job)
+            (stream, job) for stream, lane, job in ready if lane == Lane.SHORT and self._progresses(job, True)
         ]  # and the comfortable lane's, below (once its deferred rows are known)
         chunks: Chunks = {}
         openings = sum(job.token_offset == 0 for _, job in first)
@@ -258,7 +260,7 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
             chunks.update(self._timed_group(group, errors))
             chunks = self._emit(chunks, emit)
         second = self._comfortable(later, streams, errors)  # the step's openings are out
-        self.progress += [(stream, job) for stream, job in second if exact_closing(job)]
+        self.progress += [(stream, job) for stream, job in second if self._progresses(job, False)]
         if after and yielding():  # a newcomer: its opening first if these can wait for it too
             if len(self._can_wait(after, slack, started, 1, waves_started - started)) == len(after):
                 self.num_yields += 1
@@ -284,7 +286,9 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
             self.num_yields += 1
             return chunks
         second, rows = self._take(second, rows)
-        chunks.update(self._wave_group(second, errors, whole=0, stop=yielding, row_calls=self.rows_cost))
+        chunks.update(
+            self._wave_group(second, errors, whole=0, stop=yielding, row_calls=self.rows_cost, slices=self.hop_slices)
+        )
         if bursts and not yielding():
             started = time.perf_counter()
             self._catch_up(
@@ -292,6 +296,10 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
             )
             self.seconds["llm"] += time.perf_counter() - started
         return chunks
+
+    def _progresses(self, job: HopJob, short: bool) -> bool:
+        """A row ``closing_progress`` may advance: an exact closing call; with ``hop_slices`` a short hop."""
+        return exact_closing(job) or (self.hop_slices and short)
 
     def _comfortable(
         self,

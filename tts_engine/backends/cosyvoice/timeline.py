@@ -3,8 +3,8 @@
 ``BatchedStep.timeline`` is None in a server (no cost beyond one test a call). A benchmark sets a
 ``Timeline``; each step then records spans: the whole step (``step``), its one-token LLM step
 (``llm``), decode bursts (``burst``), the LLM catch-up (``catch-up``), every flow + vocoder call
-(``flow``, its rows by kind: O opening, H later hop, C closing) and every slice of an exact closing
-call (``closing``). ``explain`` tells what a waiting listener's first chunk waited behind.
+(``flow``, its rows by kind: O opening, H later hop, C closing), every slice of an exact closing
+call (``closing``) and of a hop run in slices (``slice``, its kind: H1). ``explain`` tells what a waiting listener's first chunk waited behind.
 ``sync`` (``torch.cuda.synchronize`` on a GPU) runs before each span ends, so a span is the time its
 kernels took, not only their launch; it slows the step a little, so only a benchmark sets it.
 """
@@ -24,7 +24,7 @@ SPAN_LIMIT = 200_000  # spans kept (the oldest go first): ~40 MB at most, hours 
 class Span:
     start: float  # time.monotonic()
     end: float
-    kind: str  # step, llm, burst, catch-up, flow, closing
+    kind: str  # step, llm, burst, catch-up, flow, closing, slice
     rows: int  # the call's rows (for a step: its streams)
     detail: str = ""  # flow: rows by kind ("O1 H2 C1"); burst and catch-up: iterations; step: streams by lane
 

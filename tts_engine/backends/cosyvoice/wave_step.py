@@ -1,7 +1,8 @@
 """The token2wav half of a CosyVoice3 scheduler step (``BatchedStep``, step.py): batched flow + vocoder
 calls for the ready hops of one group of the step, their time shared out by hop kind (and an urgent
-call's kept), and exact closing calls run a few Euler steps at a time. A batched call that raises is
-retried row by row where the rows' state allows it.
+call's kept), and calls run a few Euler steps at a time (exact closing calls; with ``hop_slices`` the
+comfortable lane's hops too). A batched call that raises is retried row by row where the rows' state
+allows it.
 """
 
 from __future__ import annotations
@@ -12,14 +13,14 @@ from collections.abc import Callable
 
 import torch
 
-from cosyvoice.token2wav import HopJob, PendingClosing, Token2Wav
+from cosyvoice.token2wav import HopJob, PendingCall, Token2Wav
 from tts_engine.backends.cosyvoice.llm_step import Errors
 from tts_engine.backends.cosyvoice.request import CosyVoiceStream
 from tts_engine.backends.cosyvoice.timeline import Timeline, span_of
 
 Chunks = dict[int, torch.Tensor]  # id(stream) -> its new audio
 Stop = Callable[[], bool]  # true once a request arrived: the step's work that can wait ends there
-CLOSING_SLICE = 2  # Euler steps per engine step of an exact closing call whose stream has a comfortable lead
+CLOSING_SLICE = 2  # Euler steps a slice of a call run a few steps at a time (an exact closing call, a hop)
 HOP_KINDS = ("opening", "hop", "closing")  # a segment's first hop; a later hop; its closing call
 
 
@@ -28,13 +29,18 @@ def never() -> bool:
 
 
 def exact_closing(job: HopJob) -> bool:
-    """An exact closing pass (full attention): it may run a slice at a time (``_closing_slice``)."""
+    """An exact closing pass (full attention): it may run a slice at a time (``_slice``)."""
     return job.finalize and not job.streaming
+
+
+def kind_of(job: HopJob) -> str:
+    """``job``'s kind of ``HOP_KINDS``."""
+    return "closing" if job.finalize else "opening" if job.token_offset == 0 else "hop"
 
 
 def _kinds(jobs: list[tuple[CosyVoiceStream, HopJob]]) -> str:
     """A flow call's rows by kind for a timeline: O opening, H later hop, C closing (\"O1 H2\")."""
-    kinds = ["C" if job.finalize else "O" if job.token_offset == 0 else "H" for _, job in jobs]
+    kinds = [kind_of(job)[0].upper() for _, job in jobs]
     return " ".join(f"{kind}{kinds.count(kind)}" for kind in "OHC" if kind in kinds)
 
 
@@ -43,49 +49,59 @@ class WaveStepping:
 
     token2wav: Token2Wav
     seconds: dict[str, float]  # where the step time went: "llm" and each of HOP_KINDS
-    closings: dict[int, tuple[CosyVoiceStream, PendingClosing]]  # exact closing calls under way, by id(stream)
+    under_way: dict[int, tuple[CosyVoiceStream, PendingCall]]  # calls run a slice at a time, by id(stream)
     num_closing_pauses: int
+    num_hop_slices: int
     num_yields: int
-    closings_run: set[int]  # streams whose closing pass ran or advanced this step (id)
+    advanced: set[int]  # streams whose flow call ran or advanced this step (id)
     call_seconds: dict[str, deque[float]]  # recent urgent calls' seconds a row: "opening" and "urgent"
     timeline: Timeline | None  # what each call ran and when (a benchmark's; None in a server)
 
-    def _closing_slice(
+    def _under_way(self, stream: CosyVoiceStream, job: HopJob) -> bool:
+        """``stream``'s call ``job`` has begun and runs a slice at a time."""
+        entry = self.under_way.get(id(stream))
+        return entry is not None and entry[1].job == job
+
+    def _slice(
         self, stream: CosyVoiceStream, job: HopJob, errors: Errors, steps: int | None, stop: Stop = never
     ) -> torch.Tensor | None:
-        """Advance ``stream``'s exact closing call by ``steps`` Euler steps (None: to its end, with a
-        ``stop``: ``CLOSING_SLICE`` at a time until ``stop()`` turns true); its last audio once done.
-        Sliced or whole, the same operations: the same samples."""
-        with span_of(self.timeline, "closing", 1):
-            return self._closing_call(stream, job, errors, steps, stop)
+        """Advance ``stream``'s call ``job`` (begun now unless under way) by ``steps`` Euler steps (None:
+        to its end, with a ``stop``: ``CLOSING_SLICE`` at a time until ``stop()`` turns true); its audio
+        once done. Sliced or whole, the same operations: the same samples."""
+        kind = "closing" if exact_closing(job) else "slice"
+        with span_of(self.timeline, kind, 1, "" if kind == "closing" else _kinds([(stream, job)])):
+            return self._slice_call(stream, job, errors, steps, stop)
 
-    def _closing_call(
+    def _slice_call(
         self, stream: CosyVoiceStream, job: HopJob, errors: Errors, steps: int | None, stop: Stop
     ) -> torch.Tensor | None:
         t2w = self.token2wav
         started = time.perf_counter()
         try:
-            entry = self.closings.get(id(stream))
+            entry = self.under_way.get(id(stream))
             pending = entry[1] if entry is not None and entry[1].job == job else None
             if pending is None:
-                pending = t2w.begin_closing(job)
-                self.closings[id(stream)] = (stream, pending)
+                pending = t2w.begin_call(job)
+                self.under_way[id(stream)] = (stream, pending)
             to_end_by_slices = steps is None and stop is not never
-            self.closings_run.add(id(stream))
-            done = t2w.advance_closing(pending, CLOSING_SLICE if to_end_by_slices else steps)
+            self.advanced.add(id(stream))
+            hop = not exact_closing(job)
+            done = t2w.advance_call(pending, CLOSING_SLICE if to_end_by_slices else steps)
+            self.num_hop_slices += hop
             while to_end_by_slices and not done and not stop():
-                done = t2w.advance_closing(pending, CLOSING_SLICE)
+                done = t2w.advance_call(pending, CLOSING_SLICE)
+                self.num_hop_slices += hop
             if not done:
-                self.num_closing_pauses += 1
+                self.num_closing_pauses += exact_closing(job)
                 return None
-            del self.closings[id(stream)]
-            return t2w.finish_closing(pending)
+            del self.under_way[id(stream)]
+            return t2w.finish_call(pending)
         except Exception as exc:  # noqa: BLE001 - fails this request only
-            self.closings.pop(id(stream), None)
+            self.under_way.pop(id(stream), None)
             errors[id(stream)] = exc
             return None
         finally:
-            self.seconds["closing"] += time.perf_counter() - started
+            self.seconds[kind_of(job)] += time.perf_counter() - started
 
     def _wave_step(self, jobs: list[tuple[CosyVoiceStream, HopJob]], errors: Errors) -> Chunks:
         """All given hops in one flow + vocoder batch (its time shared out by kind, ``seconds``)."""
@@ -102,7 +118,7 @@ class WaveStepping:
         """Share a batch's time among its hop kinds by the frames each row computes (roughly)."""
         weights: dict[str, float] = dict.fromkeys(HOP_KINDS, 0.0)
         for _, job in jobs:
-            kind = "closing" if job.finalize else "opening" if job.token_offset == 0 else "hop"
+            kind = kind_of(job)
             prompt = int(job.stream.prompt.prompt_token.shape[0])
             weights[kind] += (
                 prompt + job.num_tokens if not job.streaming else job.num_tokens - job.token_offset
@@ -149,6 +165,7 @@ class WaveStepping:
         whole: int | None,
         stop: Stop = never,
         row_calls: bool = False,
+        slices: bool = False,
     ) -> Chunks:
         """One group of the slack order: its hops and the first ``whole`` of its exact closing calls (None:
         all) in one batch (``row_calls``: a call each); the other closing calls on their own,
@@ -156,18 +173,30 @@ class WaveStepping:
         that way; a true ``stop()`` before a slice or a row's call leaves it and the rest for the next
         step. A group given a ``stop`` runs its whole closing calls on their own too (the short lane on a
         CPU: ``short_closings_yield``), a slice a call to their end unless ``stop()`` turns true between
-        two slices."""
-        batched = [(stream, job) for stream, job in jobs if not job.finalize or job.streaming]
+        two slices. With ``slices`` (the comfortable lane with ``hop_slices``) its hops run so too, in
+        rank order with its closing calls; a hop begun so continues so in any group."""
+        batched: list[tuple[CosyVoiceStream, HopJob]] = []
         sliced: list[tuple[CosyVoiceStream, HopJob, int | None]] = []
-        closing = [(stream, job) for stream, job in jobs if exact_closing(job)]
         whole_stops = stop is not never  # the short lane on a CPU (run); the comfortable lane has no whole ones
-        for k, (stream, job) in enumerate(closing):
-            runs_whole = whole is None or k < whole
-            if runs_whole and id(stream) not in self.closings and not whole_stops:
+        closings = 0
+        for stream, job in jobs:
+            if not exact_closing(job):
+                if slices or self._under_way(stream, job):
+                    sliced.append((stream, job, None))
+                else:
+                    batched.append((stream, job))
+                continue
+            runs_whole = whole is None or closings < whole
+            closings += 1
+            if runs_whole and not self._under_way(stream, job) and not whole_stops:
                 batched.append((stream, job))  # whole and not begun: in the batch, as the together order runs it
             else:
                 sliced.append((stream, job, None if runs_whole else CLOSING_SLICE))
-        self.closings_run.update(id(stream) for stream, job in batched if job.finalize)
+        if not slices:  # the batch's hops first, then the sliced closing calls (as before hop slices)
+            sliced.sort(key=lambda row: exact_closing(row[1]))
+        for stream, _ in batched:
+            self.advanced.add(id(stream))
+            self.under_way.pop(id(stream), None)  # a stale call (its stream moved on): it runs whole here
         if not row_calls:
             chunks = self._wave_step(batched, errors)
         else:
@@ -181,10 +210,10 @@ class WaveStepping:
             if stop():
                 self.num_yields += 1
                 break  # a request arrived: the other slices wait for the next step
-            chunk = self._closing_slice(stream, job, errors, steps, stop)
+            chunk = self._slice(stream, job, errors, steps, stop)
             if chunk is not None:
                 chunks[id(stream)] = chunk
-            elif steps is None and id(stream) in self.closings:
+            elif steps is None and id(stream) in self.under_way:
                 self.num_yields += 1
                 break  # stopped between two slices: it and the rest wait for the next step
         return chunks
