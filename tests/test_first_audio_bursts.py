@@ -211,7 +211,7 @@ def test_on_a_cpu_a_new_request_ends_the_comfortable_hops_between_two_rows(
 ) -> None:
     """With ``rows_cost`` (a CPU) the comfortable group's hops run a row a call and a request that arrives
     meanwhile ends them between two calls (the rest wait a step); in one batch they all run. (Without
-    ``hop_slices``: tests/test_hop_slices.py has the calls a CPU runs by default.)"""
+    ``hop_slices``, the default: tests/test_hop_slices.py has the calls it makes.)"""
     backend = make_backend(model, voices, burst=32)
     backend.stepper.rows_cost = rows_cost
     backend.stepper.hop_slices = False

@@ -1,4 +1,4 @@
-"""Hops in slices (tiny CosyVoice model; issue 25): with ``BatchedStep.hop_slices`` (a CPU's default) the
+"""Hops in slices (tiny CosyVoice model; issue 25): with ``BatchedStep.hop_slices`` (off by default) the
 comfortable lane's hops run a few Euler steps a slice, a request arriving meanwhile ends them between two
 slices, and ``closing_progress`` moves them a slice in steps a request ended early; the audio stays the
 same bit for bit.
@@ -56,8 +56,7 @@ def test_a_request_arriving_mid_hop_ends_it_between_two_slices_with_the_same_aud
     model: CosyVoice3, voices: VoiceStore
 ) -> None:
     backend = make_backend(model, voices, burst=32)
-    assert backend.stepper.hop_slices == (backend.device.type == "cpu")  # on by default on a CPU
-    backend.stepper.hop_slices = False
+    assert not backend.stepper.hop_slices  # off by default
     whole, paused = _play(backend, PLAYING[1], interrupt=True)  # whole hops: nothing to end mid-way
     assert paused == 0
     backend.stepper.hop_slices = True

@@ -21,9 +21,9 @@ own, its audio out before the group's other rows run: ``rows_cost``, and urgent 
 spare after the openings: ``_can_wait``; urgent_calls.py); then, unless a request arrived meanwhile
 (``should_yield``: the rest waits a step), the short lane's tokens and hops (on a CPU its exact closing
 calls a few Euler steps a call, a new request ending them between two); then the later hops and
-closing passes of streams with a comfortable lead (exact closing passes a few Euler steps a step; on a
-CPU, ``hop_slices``, the hops a few Euler steps a slice to their end, a new request ending them between
-two slices; a step a request ended before any short or comfortable row advanced still runs one slice
+closing passes of streams with a comfortable lead (exact closing passes a few Euler steps a step; with
+``hop_slices``, off by default, the hops a few Euler steps a slice to their end, a new request ending
+them between two slices; a step a request ended before any short or comfortable row advanced still runs one slice
 of the first: ``closing_progress``); then an LLM catch-up for every running LLM (``_catch_up``). While
 another listener waits for first audio, the comfortable work of the deferred lane waits until the
 step's openings are out (``deferred_after_openings``; an opening that could not run this step holds it
@@ -161,17 +161,17 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         self.num_progress_slices = 0  # ... slices run so
         self.advanced: set[int] = set()  # streams whose flow call ran or advanced this step (id)
         # With it the comfortable lane's hops run CLOSING_SLICE Euler steps at a time, a new request ending
-        # them between two slices, and closing_progress takes short and comfortable hops too: a listener
-        # waits behind a slice, not a whole hop (100 tokens: 120-280 ms on a CPU at load 0.6).
-        self.hop_slices = rows_cost
+        # them between two slices, and closing_progress takes short hops too. Off: three A/Bs on a CPU found
+        # no steady gain (docs/gpu-sharing.md, item 5).
+        self.hop_slices = False
         self.num_hop_slices = 0  # Euler-step slices of hops run so
         self.progress: list[tuple[CosyVoiceStream, HopJob]] = []  # the step's candidates for _progress
         self.rows_left: int | None = None  # the step's hop rows left (None: no cap)
 
     def set_rows_cost(self, on: bool) -> None:
         """Override the backend's choice by device: ``rows_cost`` and what follows from it
-        (``short_closings_yield``, ``hop_slices``), as ``__init__`` sets them (a benchmark's before / after)."""
-        self.rows_cost = self.short_closings_yield = self.hop_slices = on
+        (``short_closings_yield``), as ``__init__`` sets them (a benchmark's before / after)."""
+        self.rows_cost = self.short_closings_yield = on
 
     def run(
         self,

@@ -1,7 +1,7 @@
 """The token2wav half of a CosyVoice3 scheduler step (``BatchedStep``, step.py): batched flow + vocoder
 calls for the ready hops of one group of the step, their time shared out by hop kind (and an urgent
-call's kept), and calls run a few Euler steps at a time (exact closing calls; with ``hop_slices`` the
-comfortable lane's hops too). A batched call that raises is retried row by row where the rows' state
+call's kept), and calls run a few Euler steps at a time (exact closing calls; with ``hop_slices``, off
+by default, the comfortable lane's hops too). A batched call that raises is retried row by row where the rows' state
 allows it.
 """
 
