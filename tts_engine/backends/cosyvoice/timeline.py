@@ -4,7 +4,8 @@
 ``Timeline``; each step then records spans: the whole step (``step``), its one-token LLM step
 (``llm``), decode bursts (``burst``), the LLM catch-up (``catch-up``), every flow + vocoder call
 (``flow``, its rows by kind: O opening, H later hop, C closing), every slice of an exact closing
-call (``closing``) and of a hop run in slices (``slice``, its kind: H1). ``explain`` tells what a waiting listener's first chunk waited behind.
+call (``closing``) and of a hop run in slices (``slice``, its kind: H1). ``explain`` tells what a
+waiting listener's first chunk waited behind.
 ``sync`` (``torch.cuda.synchronize`` on a GPU) runs before each span ends, so a span is the time its
 kernels took, not only their launch; it slows the step a little, so only a benchmark sets it.
 """
