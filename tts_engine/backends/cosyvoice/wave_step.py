@@ -1,8 +1,8 @@
 """The token2wav half of a CosyVoice3 scheduler step (``BatchedStep``, step.py): batched flow + vocoder
 calls for the ready hops of one group of the step, their time shared out by hop kind (and an urgent
 call's kept), and calls run a few Euler steps at a time (exact closing calls; with ``hop_slices``, off
-by default, the comfortable lane's hops too). A batched call that raises is retried row by row where the rows' state
-allows it.
+by default, the comfortable lane's hops too). A batched call that raises is retried row by row where
+the rows' state allows it.
 """
 
 from __future__ import annotations
@@ -78,9 +78,9 @@ class WaveStepping:
         t2w = self.token2wav
         started = time.perf_counter()
         try:
-            entry = self.under_way.get(id(stream))
-            pending = entry[1] if entry is not None and entry[1].job == job else None
-            if pending is None:
+            if self._under_way(stream, job):
+                pending = self.under_way[id(stream)][1]
+            else:  # not begun, or a stale call (its stream moved on): begun anew
                 pending = t2w.begin_call(job)
                 self.under_way[id(stream)] = (stream, pending)
             to_end_by_slices = steps is None and stop is not never
