@@ -46,9 +46,12 @@ fraction of the engine's measured capacity and are played as the gateway plays t
 bench_traffic.py: the next sentence requested while the last plays, device priority, the listener's
 playback credit refreshed, chunks taken at the gateway's 0.3 s lead). ``--streams`` is the engine's KV
 slots. It first measures the lone-stream first chunk (one sentence at a time on an idle engine, the
-median of 6) and the capacity (``--streams`` replies played at once, unpaced: audio s per s), then per
+median of 12) and the capacity (``--streams`` replies played at once, unpaced: audio s per s), then per
 load prints each sentence's first chunk p50/p95/p99 (request to first chunk, every sentence, not only
-each reply's), p95 over the lone first chunk, the replies' own first chunk p95, mid-stream underruns
+each reply's), p95 over the lone first chunk (``lone_ms``: with ``--lone bracket``, the default, the
+mean of the lone first chunks measured right before and right after that load, as this machine's speed
+drifts within minutes; ``--lone start``: the one measured at the start, for every load), the replies'
+own first chunk p95, mid-stream underruns
 (a started sentence ran dry; and how many sentences did), late starts (a sentence began after the one
 before had finished playing), failures, aggregate audio/s, the engine's busy share and the closing
 pass's share of it. ``--step-order together`` runs the step order of before (for a before / after).
@@ -160,6 +163,14 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--rows-cost", choices=("auto", "on", "off"), default="auto",
         help="poisson: openings in calls of their own and closing passes apart (auto: on a CPU only)",
     )  # fmt: skip
+    parser.add_argument(
+        "--lone", choices=("bracket", "start"), default="bracket",
+        help="poisson: each load's lone first chunk: measured before and after it (mean), or once at the start",
+    )
+    parser.add_argument(
+        "--lone-sentences", type=int, choices=range(1, 13), default=12, metavar="1..12",
+        help="poisson: how many reference sentences make the lone first chunk (their median; default 12)",
+    )
     parser.add_argument(
         "--explain", type=int, default=0, metavar="N",
         help="poisson: after each load, what the engine ran while its N slowest sentence first chunks waited",

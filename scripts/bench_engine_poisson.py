@@ -80,10 +80,11 @@ def stat_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float
     }
 
 
-async def lone_first_chunk(engine: TTSEngine, voices: list[str], rate: int) -> float:
-    """The median first chunk of single sentences, one at a time on an idle engine (the reference)."""
+async def lone_first_chunk(engine: TTSEngine, voices: list[str], rate: int, count: int = len(LONE_TEXTS)) -> float:
+    """The median first chunk of single sentences (the first ``count`` of ``LONE_TEXTS``), one at a time
+    on an idle engine (the reference)."""
     firsts = []
-    for k, text in enumerate(LONE_TEXTS):
+    for k, text in enumerate(LONE_TEXTS[:count]):
         # Unpaced: a lone sentence's first chunk does not depend on how fast its listener reads the rest,
         # and a paced one would spend its whole audio length here (a GPU report's step has 150 s in all).
         reply = Reply("-", (text,))
@@ -142,7 +143,7 @@ async def run_poisson(args: argparse.Namespace, model: Any, make_backend: Callab
         f"flow_cache={args.flow_cache} final_pass={args.final_pass} step_order={args.step_order} "
         f"cuda_graphs={args.cuda_graphs} torch_compile={args.torch_compile} prompt={args.prompt_seconds}s "
         f"voices={args.voices} rate={args.rate} replies/load={args.replies} seed={args.seed} loads={args.load}"
-        f" rows_cost={args.rows_cost}"
+        f" rows_cost={args.rows_cost} lone={args.lone}"
         f"{f' explain={args.explain} (calls timed, synchronised on a GPU)' if args.explain else ''}",
         flush=True,
     )
@@ -164,9 +165,9 @@ async def run_poisson(args: argparse.Namespace, model: Any, make_backend: Callab
             warm_up = Reply("-", (ZH_SENTENCES[3],))
             await play_reply(engine, warm_up, -1, voice=voices[0], rate=args.rate, paced=False)
             print(f"warm-up done ({time.perf_counter() - began:.0f} s since the start)", flush=True)
-            lone = await lone_first_chunk(engine, voices, args.rate)
+            lone = await lone_first_chunk(engine, voices, args.rate, args.lone_sentences)
             print(
-                f"lone-stream first chunk: {1000 * lone:.0f} ms (median of {len(LONE_TEXTS)} sentences alone; "
+                f"lone-stream first chunk: {1000 * lone:.0f} ms (median of {args.lone_sentences} sentences alone; "
                 f"{time.perf_counter() - began:.0f} s since the start)",
                 flush=True,
             )
@@ -180,6 +181,9 @@ async def run_poisson(args: argparse.Namespace, model: Any, make_backend: Callab
             else:  # given: two runs (e.g. two step orders) offer the same load on a machine whose speed drifts
                 cap = args.capacity
                 print(f"capacity: {cap:.2f} audio s/s (given with --capacity, not measured)", flush=True)
+            before = lone  # with --lone bracket: the lone first chunk measured right before the next load
+            if args.lone == "bracket" and args.capacity is None and loads:
+                before = await lone_first_chunk(engine, voices, args.rate, args.lone_sentences)  # the capacity run came between
             print(table_header())
             rows = {}
             for k, load in enumerate(loads):
@@ -187,8 +191,17 @@ async def run_poisson(args: argparse.Namespace, model: Any, make_backend: Callab
                 rate = load * cap / statistics.fmean(r.audio_s for r in replies)
                 arrivals = poisson_arrivals(len(replies), rate, args.seed + RATE_SEED_OFFSET + k)
                 result = await one_load(engine, load, replies, arrivals, voices, args.rate)
-                rows[load] = result.row(lone)
-                print(table_row(rows[load]), flush=True)
+                reference, bracket = lone, ""
+                if args.lone == "bracket":  # this load's own minutes: the machine's speed drifts
+                    after = await lone_first_chunk(engine, voices, args.rate, args.lone_sentences)
+                    reference = (before + after) / 2
+                    bracket = (
+                        f"  lone first chunk right before / after this load: {1000 * before:.0f} / "
+                        f"{1000 * after:.0f} ms (lone_ms: their mean)"
+                    )
+                    before = after
+                rows[load] = result.row(reference)
+                print("\n".join(filter(None, (table_row(rows[load]), bracket))), flush=True)
                 if timeline is not None:
                     print("\n".join(explain_slowest(result, timeline, args.explain)), flush=True)
         finally:

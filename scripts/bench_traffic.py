@@ -262,6 +262,7 @@ class LoadResult:
             "first_p95_ms": 1000 * percentile(firsts, 95),
             "first_p99_ms": 1000 * percentile(firsts, 99),
             "p95_x_lone": percentile(firsts, 95) / lone_first_s,
+            "lone_ms": 1000 * lone_first_s,
             "reply_p95_ms": 1000 * percentile(reply_firsts, 95),
             "underruns": sum(r.underruns for r in self.records),
             "dry_sentences": sum(r.underruns > 0 for r in self.records),
@@ -276,7 +277,7 @@ class LoadResult:
 
 COLUMNS = (
     ("load", "{:>5.2f}"), ("sentences", "{:>9.0f}"), ("first_p50_ms", "{:>12.0f}"), ("first_p95_ms", "{:>12.0f}"),
-    ("first_p99_ms", "{:>12.0f}"), ("p95_x_lone", "{:>10.2f}"), ("reply_p95_ms", "{:>12.0f}"),
+    ("first_p99_ms", "{:>12.0f}"), ("p95_x_lone", "{:>10.2f}"), ("lone_ms", "{:>7.0f}"), ("reply_p95_ms", "{:>12.0f}"),
     ("underruns", "{:>9.0f}"), ("dry_sentences", "{:>13.0f}"), ("late_starts", "{:>11.0f}"),
     ("late_p95_ms", "{:>11.0f}"), ("failed", "{:>6.0f}"), ("audio_per_s", "{:>11.2f}"), ("busy_pct", "{:>8.1f}"), ("closing_pct", "{:>11.1f}"),
 )  # fmt: skip

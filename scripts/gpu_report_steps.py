@@ -121,6 +121,9 @@ def _poisson_args(opts: Options, *extra: str) -> list[str]:
         *("--preset", opts.preset, "--model-dir", str(opts.model_dir), "--device", opts.device),
         *("--dtype", "bfloat16", "--arrivals", "poisson", "--load", "0.6,0.9", "--streams", slots),
         *("--replies", replies, "--prompt-seconds", prompt, *extra),
+        # The lone first chunk once, at the start: 12 lone sentences after every load would cost a GPU
+        # step about as much as a load (its budget is 150 s).
+        *("--lone", "start"),
     ]
 
 

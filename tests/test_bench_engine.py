@@ -41,6 +41,33 @@ def test_bench_engine_prints_a_row_per_engine_and_the_ratios(
     assert re.search(r"streams=2: aggregate audio/s batched / one-at-a-time = \d+\.\d\dx", "\n".join(lines))
 
 
+def test_poisson_rows_take_the_lone_first_chunk_measured_around_their_own_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "--arrivals", "poisson", "--load", "0.4,0.8", "--replies", "1", "--streams", "2", "--capacity", "4",
+        "--threads", "1", "--model-dir", str(tmp_path / "tiny"), "--prompt-seconds", "2", "--lone-sentences", "2",
+        "--seed", "9",  # its two replies (one a load) have 17 s of audio, played at real time
+    ]  # fmt: skip
+    threads = torch.get_num_threads()
+    try:
+        assert bench_engine.main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)
+    lines = capsys.readouterr().out.splitlines()
+    assert "lone=bracket" in lines[0]
+    assert "(median of 2 sentences alone;" in "\n".join(lines)
+    header = next(line.split() for line in lines if line.split()[:1] == ["load"])
+    rows = [dict(zip(header, map(float, line.split()), strict=True)) for line in lines if re.match(r" 0\.[48]0 ", line)]
+    brackets = [re.search(r"before / after this load: (\d+) / (\d+) ms", line) for line in lines]
+    pairs = [(float(m[1]), float(m[2])) for m in brackets if m]
+    assert [row["load"] for row in rows] == [0.4, 0.8] and len(pairs) == 2
+    assert pairs[0][1] == pairs[1][0]  # the lone chunks after one load are the next one's before
+    for row, (before, after) in zip(rows, pairs, strict=True):
+        assert abs(row["lone_ms"] - (before + after) / 2) <= 1  # printed rounded to the ms
+        assert row["p95_x_lone"] == pytest.approx(row["first_p95_ms"] / row["lone_ms"], rel=0.02, abs=0.01)
+
+
 def test_flow_cache_compare_prints_interleaved_rounds_and_the_ratio_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -141,6 +141,7 @@ def test_the_8_minute_plan_puts_the_core_steps_first_within_the_budget() -> None
     assert all("only while time remains" in " ".join(row) for row in rows[len(CORE_STEPS) :])
     poisson = " ".join(rows[CORE_STEPS.index("poisson")])
     assert "--arrivals poisson --load 0.6,0.9" in poisson and "--cuda-graphs" in poisson
+    assert "--lone start" in poisson  # 12 lone sentences after every load would not fit the step's budget
     grid = " ".join(rows[CORE_STEPS.index("engine-grid")])
     assert "--streams 1,4,16,64" in grid and "--cuda-graphs" in grid and "--dtype bfloat16" in grid
 
