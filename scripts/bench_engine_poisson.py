@@ -183,7 +183,8 @@ async def run_poisson(args: argparse.Namespace, model: Any, make_backend: Callab
                 print(f"capacity: {cap:.2f} audio s/s (given with --capacity, not measured)", flush=True)
             before = lone  # with --lone bracket: the lone first chunk measured right before the next load
             if args.lone == "bracket" and args.capacity is None and loads:
-                before = await lone_first_chunk(engine, voices, args.rate, args.lone_sentences)  # the capacity run came between
+                before = await lone_first_chunk(engine, voices, args.rate, args.lone_sentences)  # after the capacity run
+                print(f"lone-stream first chunk again after the capacity run: {1000 * before:.0f} ms", flush=True)
             print(table_header())
             rows = {}
             for k, load in enumerate(loads):
