@@ -16,6 +16,16 @@ from scripts import bench_engine
 COLUMNS = ["engine", "streams", "p50_ms", "p95_ms", "rtf", "audio/s", "dry_%", "batch", "peak_MiB"]
 
 
+def _run_bench(argv: list[str], capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """``bench_engine.main(argv)`` (it must exit 0); its stdout's lines."""
+    threads = torch.get_num_threads()
+    try:
+        assert bench_engine.main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)  # the script sets the process-wide count
+    return capsys.readouterr().out.splitlines()
+
+
 def test_bench_engine_prints_a_row_per_engine_and_the_ratios(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -23,12 +33,7 @@ def test_bench_engine_prints_a_row_per_engine_and_the_ratios(
         "--streams", "2", "--tokens-per-sentence", "30", "--sentences", "1", "--threads", "1",
         "--max-lead-s", "0.5", "--model-dir", str(tmp_path / "tiny"), "--max-hop-rows", "1",
     ]  # fmt: skip
-    threads = torch.get_num_threads()
-    try:
-        assert bench_engine.main(argv) == 0
-    finally:
-        torch.set_num_threads(threads)  # the script sets the process-wide count
-    lines = capsys.readouterr().out.splitlines()
+    lines = _run_bench(argv, capsys)
     header = next(line for line in lines if line.startswith("engine"))
     assert header.split() == COLUMNS
     rows = {line.split()[0]: line.split() for line in lines if line.split()[:1] in (["batched"], ["one-at-1"])}
@@ -49,12 +54,7 @@ def test_poisson_rows_take_the_lone_first_chunk_measured_around_their_own_load(
         "--threads", "1", "--model-dir", str(tmp_path / "tiny"), "--prompt-seconds", "2", "--lone-sentences", "2",
         "--seed", "9",  # its two replies (one a load) have 17 s of audio, played at real time
     ]  # fmt: skip
-    threads = torch.get_num_threads()
-    try:
-        assert bench_engine.main(argv) == 0
-    finally:
-        torch.set_num_threads(threads)
-    lines = capsys.readouterr().out.splitlines()
+    lines = _run_bench(argv, capsys)
     assert "lone=bracket" in lines[0]
     assert "(median of 2 sentences alone;" in "\n".join(lines)
     header = next(line.split() for line in lines if line.split()[:1] == ["load"])
@@ -76,12 +76,7 @@ def test_flow_cache_compare_prints_interleaved_rounds_and_the_ratio_line(
         "--max-lead-s", "0.5", "--model-dir", str(tmp_path / "tiny"), "--prompt-seconds", "2",
         "--flow-cache", "compare", "--compare-repeats", "2",
     ]  # fmt: skip
-    threads = torch.get_num_threads()
-    try:
-        assert bench_engine.main(argv) == 0
-    finally:
-        torch.set_num_threads(threads)
-    lines = capsys.readouterr().out.splitlines()
+    lines = _run_bench(argv, capsys)
     labels = [line.split()[0] for line in lines if line.split()[:1] in (["cache-on"], ["cache-off"], ["cap-on"], ["cap-off"])]
     assert labels == ["cache-on", "cache-off", "cap-on", "cap-off"] * 2  # interleaved rounds
     assert re.search(
