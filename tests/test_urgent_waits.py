@@ -1,14 +1,25 @@
 """On a CPU an urgent hop whose listener still has audio to spare runs after the step's opening hops, and a
 request that arrives before it runs ends the step first (tts_engine/backends/cosyvoice/step.py,
-``_can_wait``). Steps and hand-out order are checked, not seconds: the call-cost estimates are set."""
+``_can_wait``); an urgent exact closing pass with audio to spare leaves its rest for the next step when a
+request arrives between two of its slices (urgent_calls.py, ``_pause``). Steps, slices and hand-out order
+are checked, not seconds: the call-cost estimates are set."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from cosyvoice.model import CosyVoice3
 from gateway.voices.store import VoiceStore
-from tests.test_first_audio_bursts import make_backend, model, playing_and_newcomer, voices  # noqa: F401
+from tests.test_first_audio_bursts import (  # noqa: F401
+    PLAYING,
+    _to_end,
+    _until_closing,
+    make_backend,
+    model,
+    playing_and_newcomer,
+    voices,
+)
 from tts_engine.backends.cosyvoice import CosyVoiceBackend
 from tts_engine.budget import Lane, StepBudget
 
@@ -76,3 +87,42 @@ def test_a_request_arriving_before_the_waiting_hop_runs_ends_the_step(
         assert handouts == [[0], [1]]
     for stream in (playing, newcomer):
         stream.close()
+
+
+@pytest.mark.parametrize(("slack_s", "pauses"), [(30.0, True), (0.1, True), (30.0, False)])
+def test_an_urgent_closing_pass_with_slack_to_spare_leaves_its_rest_for_the_next_step(
+    model: CosyVoice3,  # noqa: F811
+    voices: VoiceStore,  # noqa: F811
+    slack_s: float,
+    pauses: bool,
+) -> None:
+    """A request arrives once the urgent closing pass has begun. With slack to spare for the newcomer's
+    opening the pass stops after its first slice and ends in a later step, its audio the same bit for bit
+    as run whole; with too little slack, or ``urgent_closing_pauses`` off, it runs to its end in its step."""
+    backend = make_backend(model, voices, burst=32)
+    whole: list = []
+    reference = backend.open_stream(PLAYING[1], "default", 1.0)
+    _until_closing(backend, reference, whole)
+    _to_end(backend, reference, whole, Lane.URGENT)
+    reference.close()
+
+    backend.stepper.urgent_closing_pauses = pauses
+    chunks: list = []
+    stream = backend.open_stream(PLAYING[1], "default", 1.0)  # the same text and seed: the same tokens
+    _until_closing(backend, stream, chunks)
+    _estimates(backend, COST_S)
+    before = backend.step_stats()
+    urgent = StepBudget(lanes=(Lane.URGENT,), slack=(slack_s,))
+    [out] = backend.step([stream], urgent, None, lambda: id(stream) in backend.stepper.under_way)
+    after = backend.step_stats()
+    waits = pauses and slack_s > 1.0
+    assert after["urgent_pauses"] - before["urgent_pauses"] == int(waits)
+    assert (id(stream) in backend.stepper.under_way) == waits
+    assert (np.asarray(out).size == 0) == waits  # paused: no audio yet; else the closing pass's audio
+    if waits:
+        assert after["closing_pauses"] == before["closing_pauses"] + 1
+    chunks.append(np.asarray(out))
+    _to_end(backend, stream, chunks, Lane.URGENT)
+    assert id(stream) not in backend.stepper.under_way
+    assert np.array_equal(np.concatenate(chunks), np.concatenate(whole))
+    stream.close()

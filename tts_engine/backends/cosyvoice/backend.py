@@ -330,6 +330,7 @@ class CosyVoiceBackend(Backend):
             "llm_rows_held": stepper.num_llm_held,
             "openings_alone": stepper.num_openings_alone,
             "urgent_waits": stepper.num_urgent_waits,
+            "urgent_pauses": stepper.num_urgent_pauses,
             "decode_bursts": stepper.num_burst_decodes,
             "decode_burst_rows": stepper.num_burst_rows,
             "decode_burst_riders": stepper.num_burst_riders,

@@ -256,16 +256,17 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         chunks: Chunks = {}
         openings = sum(job.token_offset == 0 for _, job in first)
         calls, after = self._urgent_calls(first, self._can_wait(first, slack, started, openings))
+        lead_in = waves_started - started
         for group in calls:
-            chunks.update(self._timed_group(group, errors))
+            chunks.update(self._timed_group(group, errors, self._pause(group, yielding, slack, started, lead_in)))
             chunks = self._emit(chunks, emit)
         second = self._comfortable(later, streams, errors)  # the step's openings are out
         self.progress += [(stream, job) for stream, job in second if self._progresses(job, False)]
         if after and yielding():  # a newcomer: its opening first if these can wait for it too
-            if len(self._can_wait(after, slack, started, 1, waves_started - started)) == len(after):
+            if len(self._can_wait(after, slack, started, 1, lead_in)) == len(after):
                 self.num_yields += 1
                 return chunks
-        chunks.update(self._timed_group(after, errors))
+        chunks.update(self._timed_group(after, errors, self._pause(after, yielding, slack, started, lead_in)))
         chunks = self._emit(chunks, emit)
         if yielding():
             self.num_yields += 1

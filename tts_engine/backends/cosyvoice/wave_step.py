@@ -147,12 +147,17 @@ class WaveStepping:
                 errors[id(stream)] = exc
         return chunks
 
-    def _timed_group(self, group: list[tuple[CosyVoiceStream, HopJob]], errors: Errors) -> Chunks:
-        """One call of the urgent group (every closing pass whole), its time kept for ``_can_wait``."""
+    def _timed_group(
+        self, group: list[tuple[CosyVoiceStream, HopJob]], errors: Errors, stop: Stop = never
+    ) -> Chunks:
+        """One call of the urgent group (every closing pass whole; with a ``stop``, a slice at a time until
+        it turns true), its time kept for ``_can_wait`` unless a row was left for a later step."""
         if not group:
             return {}
         started = time.perf_counter()
-        chunks = self._wave_group(group, errors, whole=None)
+        chunks = self._wave_group(group, errors, whole=None, stop=stop)
+        if any(id(stream) not in chunks and id(stream) not in errors for stream, _ in group):
+            return chunks  # paused (``_pause``): not a whole call's time
         opening = len(group) == 1 and group[0][1].token_offset == 0
         self.call_seconds["opening" if opening else "urgent"].append((time.perf_counter() - started) / len(group))
         return chunks
