@@ -117,6 +117,7 @@ def test_an_urgent_closing_pass_with_slack_to_spare_leaves_its_rest_for_the_next
     after = backend.step_stats()
     waits = pauses and slack_s > 1.0
     assert after["urgent_pauses"] - before["urgent_pauses"] == int(waits)
+    assert after["steps_yielded"] - before["steps_yielded"] == int(waits)  # one step, counted once
     assert (id(stream) in backend.stepper.under_way) == waits
     assert (np.asarray(out).size == 0) == waits  # paused: no audio yet; else the closing pass's audio
     if waits:

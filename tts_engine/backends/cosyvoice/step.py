@@ -169,8 +169,7 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         self.rows_left: int | None = None  # the step's hop rows left (None: no cap)
 
     def set_rows_cost(self, on: bool) -> None:
-        """Override the backend's choice by device: ``rows_cost`` and what follows from it
-        (``short_closings_yield``), as ``__init__`` sets them (a benchmark's before / after)."""
+        """Override the backend's choice by device: ``rows_cost``, ``short_closings_yield`` (a benchmark's A/B)."""
         self.rows_cost = self.short_closings_yield = on
 
     def run(
@@ -193,7 +192,9 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
             self.advanced.clear()
             self.progress.clear()
             self.rows_left = budget.hop_rows
+            yields = self.num_yields
             chunks = self._run(streams, errors, budget, emit, should_yield, slack)
+            self.num_yields = yields + (self.num_yields > yields)  # a step once, however many of its calls stopped
             if self.closing_progress and (self.rows_left is None or self.rows_left > 0):
                 chunks.update(self._progress(errors))
             return chunks
@@ -271,8 +272,7 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         if yielding():
             self.num_yields += 1
             return chunks
-        # the short lane, once the urgent audio is out: its tokens (a burst where its next hop lacks
-        # them), then its hops and closing calls, whole
+        # the short lane, once the urgent audio is out: its tokens (a burst where needed), then its hops
         started = time.perf_counter()
         short_lane = [s for s, lane in streams if lane == Lane.SHORT and id(s) not in errors and id(s) not in ran]
         if bursts:
