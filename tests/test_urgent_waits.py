@@ -21,6 +21,7 @@ from tests.test_first_audio_bursts import (  # noqa: F401
     voices,
 )
 from tts_engine.backends.cosyvoice import CosyVoiceBackend
+from tts_engine.backends.cosyvoice.timeline import Timeline
 from tts_engine.budget import Lane, StepBudget
 
 COST_S = 0.05  # the estimate of an opening call and of an urgent call: a wait costs 2 x 0.1 s
@@ -89,16 +90,21 @@ def test_a_request_arriving_before_the_waiting_hop_runs_ends_the_step(
         stream.close()
 
 
-@pytest.mark.parametrize(("slack_s", "pauses"), [(30.0, True), (0.1, True), (30.0, False)])
+@pytest.mark.parametrize(
+    ("slack_s", "pauses", "precheck"), [(30.0, True, True), (0.1, True, True), (0.1, True, False), (30.0, False, True)]
+)
 def test_an_urgent_closing_pass_with_slack_to_spare_leaves_its_rest_for_the_next_step(
     model: CosyVoice3,  # noqa: F811
     voices: VoiceStore,  # noqa: F811
     slack_s: float,
     pauses: bool,
+    precheck: bool,
 ) -> None:
     """A request arrives once the urgent closing pass has begun. With slack to spare for the newcomer's
     opening the pass stops after its first slice and ends in a later step, its audio the same bit for bit
-    as run whole; with too little slack, or ``urgent_closing_pauses`` off, it runs to its end in its step."""
+    as run whole; with too little slack, or ``urgent_closing_pauses`` off, it runs to its end in its step:
+    a slice at a time, or with ``urgent_pause_precheck`` (too little slack even as it begins) in one
+    batched flow call."""
     backend = make_backend(model, voices, burst=32)
     whole: list = []
     reference = backend.open_stream(PLAYING[1], "default", 1.0)
@@ -107,15 +113,21 @@ def test_an_urgent_closing_pass_with_slack_to_spare_leaves_its_rest_for_the_next
     reference.close()
 
     backend.stepper.urgent_closing_pauses = pauses
+    backend.stepper.urgent_pause_precheck = precheck
     chunks: list = []
     stream = backend.open_stream(PLAYING[1], "default", 1.0)  # the same text and seed: the same tokens
     _until_closing(backend, stream, chunks)
     _estimates(backend, COST_S)
     before = backend.step_stats()
     urgent = StepBudget(lanes=(Lane.URGENT,), slack=(slack_s,))
+    backend.stepper.timeline = timeline = Timeline()
     [out] = backend.step([stream], urgent, None, lambda: id(stream) in backend.stepper.under_way)
+    backend.stepper.timeline = None
     after = backend.step_stats()
     waits = pauses and slack_s > 1.0
+    sliced = pauses and (waits or not precheck)
+    assert [span.detail for span in timeline.spans if span.kind == "flow"] == ([] if sliced else ["C1"])
+    assert sum(span.kind == "closing" for span in timeline.spans) == int(sliced)
     assert after["urgent_pauses"] - before["urgent_pauses"] == int(waits)
     assert after["steps_yielded"] - before["steps_yielded"] == int(waits)  # one step, counted once
     assert (id(stream) in backend.stepper.under_way) == waits
