@@ -24,7 +24,7 @@ from tts_engine.backends.cosyvoice import CosyVoiceBackend
 from tts_engine.backends.cosyvoice.timeline import Timeline
 from tts_engine.budget import Lane, StepBudget
 
-COST_S = 0.05  # the estimate of an opening call and of an urgent call: a wait costs 2 x 0.1 s
+COST_S = 0.05  # the estimate of an opening call and of an urgent call: a wait costs 0.1 s (0.15 s at margin 2)
 
 
 def _estimates(backend: CosyVoiceBackend, seconds: float | None) -> None:
@@ -35,11 +35,14 @@ def _estimates(backend: CosyVoiceBackend, seconds: float | None) -> None:
 
 
 @pytest.mark.parametrize(
-    ("slack_s", "cost_s", "order"),
+    ("slack_s", "cost_s", "margin", "order"),
     [
-        (30.0, COST_S, [[1], [0]]),  # slack to spare: the newcomer's opening first
-        (0.1, COST_S, [[0], [1]]),  # 0.1 s cannot cover 0.2 s: rank order
-        (30.0, None, [[0], [1]]),  # no call measured yet: rank order
+        (30.0, COST_S, 1.0, [[1], [0]]),  # slack to spare: the newcomer's opening first
+        (0.1, COST_S, 1.0, [[0], [1]]),  # 0.1 s cannot cover 0.1 s and the step so far: rank order
+        (30.0, None, 1.0, [[0], [1]]),  # no call measured yet: rank order
+        # 1 s calls: 2.5 s covers its own call and one opening (2 s and the step so far), not two (3 s)
+        (2.5, 1.0, 1.0, [[1], [0]]),
+        (2.5, 1.0, 2.0, [[0], [1]]),
     ],
 )
 def test_an_urgent_hop_with_slack_to_spare_runs_after_the_opening(
@@ -47,10 +50,12 @@ def test_an_urgent_hop_with_slack_to_spare_runs_after_the_opening(
     voices: VoiceStore,  # noqa: F811
     slack_s: float,
     cost_s: float | None,
+    margin: float,
     order: list[list[int]],
 ) -> None:
     backend = make_backend(model, voices, burst=32)
     assert backend.stepper.rows_cost  # the tests run on a CPU
+    backend.stepper.wait_margin = margin
     playing, newcomer = playing_and_newcomer(backend)
     _estimates(backend, cost_s)
     handouts: list[list[int]] = []

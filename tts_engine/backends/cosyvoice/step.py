@@ -142,7 +142,7 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         # outlasts the longest recent step, so it can wait one.
         self.short_closings_yield = rows_cost
         # With rows_cost, an urgent row (a hop or closing pass of a stream whose lead is under the longest
-        # recent step) whose slack still covers its own call plus WAIT_MARGIN times the openings' calls
+        # recent step) whose slack still covers its own call plus wait_margin times the openings' calls
         # (each at the longest time a row of the last CALL_WINDOW calls, openings apart) runs after the
         # step's opening hops; and when a request arrives before it runs and its slack also covers a
         # newcomer's opening, the step ends first. A probe at load 0.6 found most of the slowest first
