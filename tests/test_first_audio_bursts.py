@@ -365,3 +365,35 @@ def test_other_running_llms_ride_along_a_newcomers_burst(
     assert solo.segments[0].llm.out_tokens == newcomer.segments[0].llm.out_tokens  # riders change no token
     for stream in (newcomer, other, solo):
         stream.close()
+
+
+@pytest.mark.parametrize(("need", "lane"), [(True, Lane.COMFORTABLE), (False, Lane.COMFORTABLE), (True, Lane.SHORT)])
+def test_with_riders_need_tokens_a_comfortable_stream_whose_next_hop_is_ready_does_not_ride(
+    model: CosyVoice3, voices: VoiceStore, need: bool, lane: Lane
+) -> None:
+    """With ``riders_need_tokens`` a stream with a comfortable lead whose next hop already has its tokens
+    does not ride along a newcomer's burst, and one still short of them does; a short (or urgent) stream
+    rides either way, as every stream with a running LLM does without it."""
+    backend = make_backend(model, voices, burst=32)
+    backend.stepper.riders_need_tokens = need
+    backend.stepper._catch_up = lambda *args, **kwargs: None  # type: ignore[method-assign]  # tokens by count
+    ready, newcomer = playing_and_newcomer(backend)  # its next hop's tokens are there, its LLM runs on
+    streams, lanes = [newcomer, ready], [Lane.URGENT, lane]
+    if lane == Lane.COMFORTABLE:  # and a comfortable one still short of its next hop's tokens
+        short = backend.open_stream(PLAYING[1], "default", 1.0)
+        while not backend.step([short], StepBudget(lanes=(Lane.URGENT,)))[0].size:  # its opening hop
+            pass
+        short.feed_tokens()
+        assert short.next_job() is None and short.llm_request() is not None
+        streams.append(short)
+        lanes.append(lane)
+    start = backend.step_stats()
+    backend.step(streams, StepBudget(lanes=tuple(lanes), hop_rows=0))  # the LLM and its burst, no flow call
+    stats = {key: value - start[key] for key, value in backend.step_stats().items()}
+    iterations = stats["decode_bursts"]
+    assert iterations >= 20  # the newcomer's 25 tokens + 3 of look-ahead, less its prefill's
+    assert stats["decode_burst_rows"] == iterations  # the newcomer alone was a burst row
+    ready_rides = not need or lane == Lane.SHORT
+    assert stats["decode_burst_riders"] == iterations * (len(streams) - 2 + ready_rides)
+    for stream in streams:
+        stream.close()

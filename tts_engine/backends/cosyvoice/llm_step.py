@@ -37,6 +37,13 @@ class LLMStepping:
     num_burst_riders: int
     num_bursts_cut: int
     burst_riders: int
+    # With it a stream with a comfortable lead (its lane COMFORTABLE or DEFERRED) rides along a burst
+    # iteration only while its own next hop lacks tokens; one whose next hop is ready gets its later tokens
+    # from the step's decode and catch-up. Urgent and short streams always ride. A rider adds ~0.3-0.4 ms
+    # to each of a newcomer's ~27 burst iterations (tiny preset, 1 thread). Off: its paired A/B was even
+    # (docs/gpu-sharing.md, item 1), and one letting every stream ride only while short of tokens gained at
+    # load 0.6 and lost at 0.9 (the playing streams' LLMs fell behind).
+    riders_need_tokens = False
     num_catch_up_decodes: int
     num_catch_up_rows: int
     timeline: Timeline | None  # what each call ran and when (a benchmark's; None in a server)
@@ -105,7 +112,7 @@ class LLMStepping:
         self,
         candidates: Sequence[CosyVoiceStream],
         errors: Errors,
-        riders: Sequence[CosyVoiceStream] = (),
+        riders: Sequence[tuple[CosyVoiceStream, Lane]] = (),
         stop: Callable[[], bool] | None = None,
     ) -> None:
         """More decode iterations in this step for ``candidates`` whose next hop still lacks tokens (a
@@ -134,7 +141,7 @@ class LLMStepping:
         self,
         candidates: Sequence[CosyVoiceStream],
         errors: Errors,
-        riders: Sequence[CosyVoiceStream],
+        riders: Sequence[tuple[CosyVoiceStream, Lane]],
         stop: Callable[[], bool] | None,
     ) -> None:
         for _ in range(self.decode_burst):
@@ -164,19 +171,28 @@ class LLMStepping:
 
     def _riders(
         self,
-        riders: Sequence[CosyVoiceStream],
+        riders: Sequence[tuple[CosyVoiceStream, Lane]],
         rows: list[tuple[CosyVoiceStream, LLMRequest]],
         errors: Errors,
     ) -> list[tuple[CosyVoiceStream, LLMRequest]]:
-        """The first ``burst_riders`` of ``riders`` with a running LLM that are not in ``rows``."""
+        """The first ``burst_riders`` of ``riders`` (with their lanes) with a running LLM that are not in
+        ``rows`` (with ``riders_need_tokens``, a comfortable one only while its next hop lacks tokens)."""
         taken = {id(stream) for stream, _ in rows}
         extra: list[tuple[CosyVoiceStream, LLMRequest]] = []
-        for stream in riders:
+        for stream, lane in riders:
             if len(extra) >= self.burst_riders:
                 break
             request = stream.llm_request()
             if id(stream) in taken or id(stream) in errors or request is None or request.slot is None:
                 continue
+            if self.riders_need_tokens and lane >= Lane.COMFORTABLE:
+                try:
+                    stream.feed_tokens()
+                    if stream.next_job() is not None:
+                        continue  # its next hop has its tokens
+                except Exception as exc:  # noqa: BLE001 - fails this request only
+                    errors[id(stream)] = exc
+                    continue
             extra.append((stream, request))
         return extra
 

@@ -226,7 +226,7 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         started = time.perf_counter()
         self._llm_step(streams, errors, budget.prefill_rows)
         bursts = self.order == "slack" and budget.lanes is not None  # lanes: a scheduler ranks the streams
-        riders = [s for s, lane in streams if lane != Lane.BACKGROUND]  # not a batch request while one waits
+        riders = [(s, lane) for s, lane in streams if lane != Lane.BACKGROUND]  # not a batch request while one waits
         burst_stop = yielding if self.bursts_yield else None
         if bursts:  # tokens for every waiting opening hop and every critical stream
             candidates = [s for s, lane in streams if lane == Lane.URGENT or _opens(s, lane)]
