@@ -1,6 +1,7 @@
 """Batch jobs (gateway/service/batches, /v1/audio/batches): a 200-item job whose gateway (a subprocess) is
 killed with SIGKILL half way, then restarted, completes with 200 distinct results and no finished item done
-twice; cancel stops the work within a step; bad input is a 400 listing its lines; jobs are per key."""
+twice; cancel stops the work within a step, and answers within its bound while the store is down; bad input
+is a 400 listing its lines; jobs are per key."""
 
 from __future__ import annotations
 
@@ -21,7 +22,12 @@ import httpx
 import pytest
 
 from audio_codecs.wav import read_wav
+from gateway.config import BatchesConfig
 from gateway.service.accounts import Account, Limits
+from gateway.service.batches import runner as batch_runner
+from gateway.service.batches.runner import BatchRunner
+from gateway.service.batches.store import ItemRow
+from gateway.store import StoreUnavailable
 from tests.api_helpers import slow
 from tests.gateway_server import running_gateway
 from tests.test_service_limits import add_key
@@ -158,6 +164,34 @@ async def test_cancel_stops_the_work_within_a_step(store_url: str, tmp_path: Pat
     counts = final["request_counts"]
     assert counts["pending"] == 0 and counts["completed"] + counts["cancelled"] == 40 and counts["completed"] < 40
     assert final["request_counts"] == cancelled["request_counts"]
+
+
+async def test_a_cancel_while_the_store_is_down_ends_within_its_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CI run saw a cancel get no answer in 30 s while the SQLite store stalled: each running item's
+    outcome was retried for a whole lease (30 s), one item after the other. Now the items' tasks and
+    their records share one bound (``STOP_WAIT_S``), whatever the store does."""
+    finishes: list[int] = []
+
+    class DownStore:
+        async def finish(self, item: ItemRow, runner: str, **kw: object) -> bool:
+            finishes.append(item.idx)
+            raise StoreUnavailable("the store (test) is unavailable: no answer within 5 s")
+
+    monkeypatch.setattr(batch_runner, "STOP_WAIT_S", 0.5)
+    runner = BatchRunner(DownStore(), None, BatchesConfig(lease_s=30), tmp_path)  # type: ignore[arg-type]
+    for idx in range(4):
+        item = ItemRow(job_id="j", idx=idx, custom_id=f"c{idx}", request={}, chars=1, status="running",
+                       attempts=1, file=None, duration_s=None, error=None)  # fmt: skip
+        runner._tasks[("j", idx)] = asyncio.create_task(asyncio.sleep(3600))  # an item being synthesised
+        runner._items[("j", idx)] = item
+    started = time.monotonic()
+    async with asyncio.timeout(10):  # before: up to 4 x 30 s of retries
+        await runner.stop_job("j")
+    assert time.monotonic() - started < 0.5 + 1.5  # the bound, one store call's retry delay and slack
+    assert finishes and finishes[0] == 0  # it did try to record them
+    assert all(task.cancelled() for task in runner._tasks.values())
 
 
 async def test_bad_input_is_refused_with_its_lines_and_jobs_are_per_key(tmp_path: Path) -> None:

@@ -58,7 +58,7 @@ __all__ = ["BatchRunner", "result_name"]
 log = logging.getLogger(__name__)
 
 _RESULT = re.compile(r"(\d{6,})-(\d+)-(\d+)\.(\w+)")
-STOP_WAIT_S = 10.0  # the longest a cancel or shutdown waits for its items' tasks
+STOP_WAIT_S = 10.0  # the longest a cancel or shutdown waits for its items' tasks (a cancel: and their records)
 
 
 def result_name(idx: int, samples: int, rate: int, fmt: str) -> str:
@@ -149,11 +149,14 @@ class BatchRunner:
         return len(self._tasks)
 
     async def stop_job(self, job_id: str) -> None:
-        """The job was cancelled: its items' engine streams are aborted now; returns once their tasks ended."""
+        """The job was cancelled: its items' engine streams are aborted now; returns once their tasks ended
+        and their outcomes are recorded, or after ``STOP_WAIT_S`` (and at most one store call) in all: a
+        cancel answers in seconds also while the store is down (the job is already cancelled there)."""
         self._cancelled.add(job_id)
         mine = [(key, task) for key, task in self._tasks.items() if key[0] == job_id]
         if not mine:
             return
+        deadline = time.monotonic() + STOP_WAIT_S
         items = [self._items[key] for key, _ in mine if key in self._items]
         self._stopping.add(job_id)
         for _, task in mine:
@@ -161,8 +164,12 @@ class BatchRunner:
         await asyncio.wait([task for _, task in mine], timeout=STOP_WAIT_S)
         # A task cancelled before it first ran never reached its own handler: its item is still this
         # runner's and running. finish() writes only such items, so the others are left as they ended.
-        for item in items:
-            await self._finish(item, "cancelled", error="the job was cancelled")
+        for done, item in enumerate(items):
+            if time.monotonic() >= deadline:
+                log.warning("batch %s: %d cancelled items not recorded within %g s; they stay unfinished in a "
+                            "cancelled job", job_id, len(items) - done, STOP_WAIT_S)  # fmt: skip
+                return
+            await self._finish(item, "cancelled", deadline=deadline, error="the job was cancelled")
 
     # ---- the loops -------------------------------------------------------------------
 
@@ -287,10 +294,10 @@ class BatchRunner:
         await asyncio.to_thread(atomic_write, job_folder / name, data)
         return name, pcm.size / rate
 
-    async def _finish(self, item: ItemRow, status: str, **kw: object) -> bool:
-        """Records the outcome, trying again while the store is down (bounded by the item's lease: after
-        it, another runner owns the item and nothing is written)."""
-        deadline = time.monotonic() + self.cfg.lease_s
+    async def _finish(self, item: ItemRow, status: str, *, deadline: float | None = None, **kw: object) -> bool:
+        """Records the outcome, trying again while the store is down until ``deadline`` (monotonic; by
+        default the item's lease: after it, another runner owns the item and nothing is written)."""
+        deadline = time.monotonic() + self.cfg.lease_s if deadline is None else deadline
         delay = 0.2
         while True:
             try:
