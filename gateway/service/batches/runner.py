@@ -151,7 +151,7 @@ class BatchRunner:
     async def stop_job(self, job_id: str) -> None:
         """The job was cancelled: its items' engine streams are aborted now; returns once their tasks ended
         and their outcomes are recorded, or after ``STOP_WAIT_S`` (and at most one store call) in all: a
-        cancel answers in seconds also while the store is down (the job is already cancelled there)."""
+        cancel's answer stays bounded also while the store is down (the job is already cancelled there)."""
         self._cancelled.add(job_id)
         mine = [(key, task) for key, task in self._tasks.items() if key[0] == job_id]
         if not mine:

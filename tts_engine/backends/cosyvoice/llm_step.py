@@ -150,13 +150,7 @@ class LLMStepping:
                 request = stream.llm_request()
                 if id(stream) in errors or request is None or request.slot is None:
                     continue
-                try:
-                    stream.feed_tokens()
-                    short_of_tokens = stream.next_job() is None
-                except Exception as exc:  # noqa: BLE001 - fails this request only
-                    errors[id(stream)] = exc
-                    continue
-                if short_of_tokens:
+                if _short_of_tokens(stream, errors):
                     rows.append((stream, request))
             if not rows:
                 return
@@ -185,14 +179,8 @@ class LLMStepping:
             request = stream.llm_request()
             if id(stream) in taken or id(stream) in errors or request is None or request.slot is None:
                 continue
-            if self.riders_need_tokens and lane >= Lane.COMFORTABLE:
-                try:
-                    stream.feed_tokens()
-                    if stream.next_job() is not None:
-                        continue  # its next hop has its tokens
-                except Exception as exc:  # noqa: BLE001 - fails this request only
-                    errors[id(stream)] = exc
-                    continue
+            if self.riders_need_tokens and lane >= Lane.COMFORTABLE and not _short_of_tokens(stream, errors):
+                continue  # its next hop has its tokens (or it failed)
             extra.append((stream, request))
         return extra
 
@@ -227,3 +215,14 @@ class LLMStepping:
         slot = request.slot
         length = self.runner.cache.length(slot) if slot is not None else -1
         return len(request.out_tokens), request.finished, slot, length
+
+
+def _short_of_tokens(stream: CosyVoiceStream, errors: Errors) -> bool:
+    """``stream``'s next hop still lacks tokens once its new ones are handed over; False, with the error in
+    ``errors``, when that fails (it fails this request only)."""
+    try:
+        stream.feed_tokens()
+        return stream.next_job() is None
+    except Exception as exc:  # noqa: BLE001 - fails this request only
+        errors[id(stream)] = exc
+        return False
