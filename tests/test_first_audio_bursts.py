@@ -139,8 +139,7 @@ def test_a_request_arriving_mid_burst_ends_it_and_the_next_burst_decodes_both(
         alone.append(audio)
         stream.close()
     backend = make_backend(model, voices, burst=32)
-    assert not backend.stepper.bursts_yield  # off by default (docs/gpu-sharing.md, item 1)
-    backend.stepper.bursts_yield = True
+    assert backend.stepper.bursts_yield and not backend.stepper.bursts_split  # a CPU's default (gpu-sharing.md)
     first, second = backend.open_stream(NEWCOMER, "default", 1.0), backend.open_stream(PLAYING[1], "default", 1.0)
     calls = iter(range(100))
     arrives = lambda: next(calls) >= 5  # noqa: E731 - true from its sixth call on: during the burst
@@ -153,6 +152,44 @@ def test_a_request_arriving_mid_burst_ends_it_and_the_next_burst_decodes_both(
     backend.step([first, second], lanes, lambda items: early.update(items), lambda: False)
     assert backend.step_stats()["decode_bursts_cut"] == 1 and set(early) == {0, 1}  # both openings went out
     for index, audio in early.items():
+        got = np.asarray(audio)
+        assert got.shape == alone[index].shape and np.allclose(got, alone[index], atol=1e-4)
+    for stream in (first, second):
+        stream.close()
+
+
+def test_with_bursts_split_the_first_opening_does_not_wait_for_the_newcomers_tokens(
+    model: CosyVoice3, voices: VoiceStore
+) -> None:
+    """With ``bursts_split`` too, the burst after the cut ends once the first newcomer has its opening
+    tokens: its opening goes out and the step ends, the second newcomer's burst goes on in the next step
+    (both openings' audio the same as each alone)."""
+    alone = []
+    for text in (NEWCOMER, PLAYING[1]):
+        backend = make_backend(model, voices, burst=32)
+        stream = backend.open_stream(text, "default", 1.0)
+        (audio,) = backend.step([stream], StepBudget(lanes=(Lane.URGENT,)))
+        alone.append(audio)
+        stream.close()
+    backend = make_backend(model, voices, burst=32)
+    backend.stepper.bursts_split = True  # off by default (docs/gpu-sharing.md, item 1)
+    first, second = backend.open_stream(NEWCOMER, "default", 1.0), backend.open_stream(PLAYING[1], "default", 1.0)
+    calls = iter(range(100))
+    arrives = lambda: next(calls) >= 5  # noqa: E731 - true from its sixth call on: during the burst
+    (out,) = backend.step([first], StepBudget(lanes=(Lane.URGENT,)), lambda items: None, arrives)
+    assert out.size == 0 and backend.step_stats()["decode_bursts_cut"] == 1
+    yielded = backend.step_stats()["steps_yielded"]
+    handouts: list[tuple[int, np.ndarray]] = []
+    urgent = StepBudget(lanes=(Lane.URGENT, Lane.URGENT))
+    backend.step([first, second], urgent, lambda items: handouts.extend(items), lambda: False)
+    stats = backend.step_stats()
+    assert [i for i, _ in handouts] == [0] and stats["decode_bursts_split"] == 1  # the first's opening only
+    assert stats["steps_yielded"] == yielded and stats["catch_up_decodes"] == 0  # the step ended after it
+    assert len(second.segments[0].llm.out_tokens) < 28  # short of its opening hop's 25 + 3
+    later = StepBudget(lanes=(Lane.COMFORTABLE, Lane.URGENT))
+    backend.step([first, second], later, lambda items: handouts.extend(items), lambda: False)
+    assert [i for i, _ in handouts][:2] == [0, 1]  # the second's opening, in the next step
+    for index, audio in handouts[:2]:
         got = np.asarray(audio)
         assert got.shape == alone[index].shape and np.allclose(got, alone[index], atol=1e-4)
     for stream in (first, second):

@@ -44,7 +44,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import event, func, select
 from sqlalchemy.engine import URL
@@ -53,6 +53,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.pool import NullPool
 
 from gateway.store.errors import StoreConflict, StoreError, StoreUnavailable
+from gateway.store.guarded import GuardedTransaction
 from gateway.store.schema import Schema, check_schemas, migrate
 from gateway.store.url import redact, sqlite_path, store_url
 
@@ -107,6 +108,7 @@ class Store:
         self._reader: AsyncEngine | None = None
         self._writer: AsyncEngine | None = None
         self._migration: asyncio.Task[None] | None = None
+        self._reapers: set[asyncio.Task[None]] = set()  # cancelled callers' transactions ending (guarded.py)
         self._schema_ready = False
         self._state = "closed"  # closed, starting, ok, unavailable
         self._error: str | None = None
@@ -162,6 +164,8 @@ class Store:
         if migration is not None:  # a retry of the migrations while the database was down
             migration.cancel()
             await asyncio.wait([migration], timeout=self.timeout_s)
+        if self._reapers:  # cancelled callers' transactions still giving their connections back
+            await asyncio.wait(list(self._reapers), timeout=self.timeout_s)
         engine, self._engine = self._engine, None
         self._state, self._since = "closed", time.time()
         if engine is not None:
@@ -216,8 +220,8 @@ class Store:
         with self._errors(bound):
             async with asyncio.timeout(bound):
                 await self._ensure_schema()
-                async with engine.begin() as conn:
-                    yield conn
+                async with GuardedTransaction(engine, self._reapers, bound) as conn:
+                    yield cast(AsyncConnection, conn)  # execute / run_sync, safe to cancel (guarded.py)
         self._up()
 
     # ---- internals -----------------------------------------------------------------

@@ -335,6 +335,7 @@ class CosyVoiceBackend(Backend):
             "decode_burst_rows": stepper.num_burst_rows,
             "decode_burst_riders": stepper.num_burst_riders,
             "decode_bursts_cut": stepper.num_bursts_cut,
+            "decode_bursts_split": stepper.num_bursts_split,
             "steps_yielded": stepper.num_yields,
             "catch_up_decodes": stepper.num_catch_up_decodes,
             "prefills_deferred": stepper.num_prefills_deferred,

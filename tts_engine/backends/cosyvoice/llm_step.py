@@ -44,6 +44,14 @@ class LLMStepping:
     # (docs/gpu-sharing.md, item 1), and one letting every stream ride only while short of tokens gained at
     # load 0.6 and lost at 0.9 (the playing streams' LLMs fell behind).
     riders_need_tokens = False
+    # With it a burst ends once an opening among its rows has its hop's tokens (and every other urgent row
+    # its), and the step ends after that opening's audio (``BatchedStep._run``): the openings still short
+    # of tokens burst on in the next step instead of the first listener waiting for their tokens too. A
+    # newcomer that ended another's burst (``bursts_yield``) bursts along with it that far and then
+    # waits for that one opening only. Off: against the cut alone its paired A/B lost at load 0.9 in six
+    # rounds of eight and was even at 0.6 (docs/gpu-sharing.md, item 1).
+    bursts_split = False
+    num_bursts_split: int
     num_catch_up_decodes: int
     num_catch_up_rows: int
     timeline: Timeline | None  # what each call ran and when (a benchmark's; None in a server)
@@ -154,6 +162,9 @@ class LLMStepping:
                     rows.append((stream, request))
             if not rows:
                 return
+            if self.bursts_split and _an_opening_ready(candidates, rows, errors):
+                self.num_bursts_split += 1
+                return
             if stop is not None and stop():
                 self.num_bursts_cut += 1
                 return
@@ -226,3 +237,17 @@ def _short_of_tokens(stream: CosyVoiceStream, errors: Errors) -> bool:
     except Exception as exc:  # noqa: BLE001 - fails this request only
         errors[id(stream)] = exc
         return False
+
+
+def _an_opening_ready(
+    candidates: Sequence[CosyVoiceStream], rows: list[tuple[CosyVoiceStream, LLMRequest]], errors: Errors
+) -> bool:
+    """Every row still short of tokens (``rows``) waits for its opening hop, and some other of
+    ``candidates`` waits for its opening hop and has its tokens (``bursts_split``)."""
+    if not all(stream.awaits_opening for stream, _ in rows):
+        return False  # a playing stream's urgent hop still lacks tokens
+    short = {id(stream) for stream, _ in rows}
+    return any(
+        s.awaits_opening and id(s) not in short and id(s) not in errors and s.next_job() is not None
+        for s in candidates
+    )

@@ -14,8 +14,9 @@
 
 Step order (``order``): ``"slack"`` (the default) orders the step by the budget's lanes
 (tts_engine/budget.py): decode bursts for every stream waiting for an opening hop and every urgent one
-whose next hop lacks tokens (``_decode_burst``; with ``bursts_yield``, off by default, a request
-arriving meanwhile ends it between two iterations); then every opening hop and the urgent streams' hops
+whose next hop lacks tokens (``_decode_burst``; on a CPU, ``bursts_yield``, a request arriving
+meanwhile ends it between two iterations; with ``bursts_split``, off by default, it ends at the first
+opening's tokens and the step after that opening's audio); then every opening hop and the urgent streams' hops
 in one group, whose audio is handed out (``emit``) at once (on a CPU each opening hop in a call of its
 own, its audio out before the group's other rows run: ``rows_cost``, and urgent rows with slack to
 spare after the openings: ``_can_wait``; urgent_calls.py); then, unless a request arrived meanwhile
@@ -113,10 +114,14 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         self.burst_riders = BURST_RIDERS  # other streams' LLM rows decoded along each burst iteration
         self.num_burst_riders = 0  # ... rows of those
         self.num_bursts_cut = 0  # bursts ended early for a request that arrived meanwhile (_decode_burst)
-        # ... which a request arriving mid-burst does when True. Off: an A/B on one engine found it better
-        # with the engine's yields limited to newcomers with a free slot (3 rounds of 3), and worse without
-        # that limit (2 of 2, as the engine is): docs/gpu-sharing.md, item 1.
-        self.bursts_yield = False
+        # ... which a request arriving mid-burst does when True: on a CPU (rows_cost). A paired A/B of eight
+        # rounds, the cut with bursts_split (LLMStepping) against neither: the lower p95 in five rounds of
+        # eight at loads 0.6 and 0.9, pooled 203 against 245 ms and 251 against 312 ms, 0 against 7 and 5
+        # against 22 underruns; a second, the split against the cut alone, favoured the cut alone (pooled
+        # 200 against 188 ms and 240 against 226 ms), so the split stays off (docs/gpu-sharing.md, item 1).
+        # Off on a GPU: not measured there.
+        self.bursts_yield = rows_cost
+        self.num_bursts_split = 0  # bursts ended at their first opening's tokens (bursts_split)
         # With it a deferred stream's later hops and closing pass (its lead comfortable while a listener
         # waits for first audio) run as the comfortable lane's do once the step's openings are out, instead
         # of waiting for a step nobody waits in: under steady arrivals there was none, and held closing
@@ -169,8 +174,9 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         self.rows_left: int | None = None  # the step's hop rows left (None: no cap)
 
     def set_rows_cost(self, on: bool) -> None:
-        """Override the backend's choice by device: ``rows_cost``, ``short_closings_yield`` (a benchmark's A/B)."""
-        self.rows_cost = self.short_closings_yield = on
+        """Override the backend's choice by device: ``rows_cost``, ``short_closings_yield`` and ``bursts_yield``
+        (a benchmark's A/B)."""
+        self.rows_cost = self.short_closings_yield = self.bursts_yield = on
 
     def run(
         self,
@@ -228,6 +234,7 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         bursts = self.order == "slack" and budget.lanes is not None  # lanes: a scheduler ranks the streams
         riders = [(s, lane) for s, lane in streams if lane != Lane.BACKGROUND]  # not a batch request while one waits
         burst_stop = yielding if self.bursts_yield else None
+        splits = self.num_bursts_split
         if bursts:  # tokens for every waiting opening hop and every critical stream
             candidates = [s for s, lane in streams if lane == Lane.URGENT or _opens(s, lane)]
             self._decode_burst(candidates, errors, riders, burst_stop)
@@ -256,6 +263,8 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         ]  # and the comfortable lane's, below (once its deferred rows are known)
         chunks: Chunks = {}
         openings = sum(job.token_offset == 0 for _, job in first)
+        # a burst split at its first opening (bursts_split): the step ends after the openings that ran
+        split = self.num_bursts_split > splits and openings > 0
         calls, after = self._urgent_calls(first, self._can_wait(first, slack, started, openings))
         lead_in = waves_started - started
         for group in calls:
@@ -263,14 +272,14 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
             chunks = self._emit(chunks, emit)
         second = self._comfortable(later, streams, errors)  # the step's openings are out
         self.progress += [(stream, job) for stream, job in second if self._progresses(job, False)]
-        if after and yielding():  # a newcomer: its opening first if these can wait for it too
+        if after and (split or yielding()):  # a newcomer: its opening first if these can wait for it too
             if len(self._can_wait(after, slack, started, 1, lead_in)) == len(after):
-                self.num_yields += 1
+                self.num_yields += not split
                 return chunks
         chunks.update(self._timed_group(after, errors, self._pause(after, yielding, slack, started, lead_in)))
         chunks = self._emit(chunks, emit)
-        if yielding():
-            self.num_yields += 1
+        if split or yielding():
+            self.num_yields += not split
             return chunks
         # the short lane, once the urgent audio is out: its tokens (a burst where needed), then its hops
         started = time.perf_counter()
@@ -316,33 +325,6 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         held = sum(deferred for _, _, deferred in later) if waits else 0
         self.num_hops_held += held
         return [(stream, job) for stream, job, deferred in later if not (deferred and waits)]
-
-    def _ready(
-        self, streams: Sequence[tuple[CosyVoiceStream, Lane]], errors: Errors
-    ) -> list[tuple[CosyVoiceStream, Lane, HopJob]]:
-        """The streams whose next token2wav call can run now, with it (their new tokens handed over)."""
-        ready: list[tuple[CosyVoiceStream, Lane, HopJob]] = []
-        for stream, lane in streams:
-            if id(stream) in errors:
-                continue
-            try:
-                stream.feed_tokens()
-                job = stream.next_job()
-            except Exception as exc:  # noqa: BLE001 - fails this request only
-                errors[id(stream)] = exc
-                continue
-            if job is not None:
-                ready.append((stream, lane, job))
-        return ready
-
-    def _take(
-        self, jobs: list[tuple[CosyVoiceStream, HopJob]], rows: int | None
-    ) -> tuple[list[tuple[CosyVoiceStream, HopJob]], int | None]:
-        """The first of ``jobs`` that fit the step's remaining hop rows, and the rows left after them."""
-        taken, deferred = StepBudget.take(jobs, rows)
-        self.num_hops_deferred += deferred
-        self.rows_left = None if rows is None else rows - len(taken)
-        return taken, self.rows_left
 
     @staticmethod
     def _emit(chunks: Chunks, emit: Emit | None) -> Chunks:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -17,6 +17,7 @@ from cosyvoice.token2wav import HopJob, PendingCall, Token2Wav
 from tts_engine.backends.cosyvoice.llm_step import Errors
 from tts_engine.backends.cosyvoice.request import CosyVoiceStream
 from tts_engine.backends.cosyvoice.timeline import Timeline, span_of
+from tts_engine.budget import Lane, StepBudget
 
 Chunks = dict[int, torch.Tensor]  # id(stream) -> its new audio
 Stop = Callable[[], bool]  # true once a request arrived: the step's work that can wait ends there
@@ -53,9 +54,38 @@ class WaveStepping:
     num_closing_pauses: int
     num_hop_slices: int
     num_yields: int
+    num_hops_deferred: int
+    rows_left: int | None  # the step's hop rows left (None: no cap)
     advanced: set[int]  # streams whose flow call ran or advanced this step (id)
     call_seconds: dict[str, deque[float]]  # recent urgent calls' seconds a row: "opening" and "urgent"
     timeline: Timeline | None  # what each call ran and when (a benchmark's; None in a server)
+
+    def _ready(
+        self, streams: Sequence[tuple[CosyVoiceStream, Lane]], errors: Errors
+    ) -> list[tuple[CosyVoiceStream, Lane, HopJob]]:
+        """The streams whose next token2wav call can run now, with it (their new tokens handed over)."""
+        ready: list[tuple[CosyVoiceStream, Lane, HopJob]] = []
+        for stream, lane in streams:
+            if id(stream) in errors:
+                continue
+            try:
+                stream.feed_tokens()
+                job = stream.next_job()
+            except Exception as exc:  # noqa: BLE001 - fails this request only
+                errors[id(stream)] = exc
+                continue
+            if job is not None:
+                ready.append((stream, lane, job))
+        return ready
+
+    def _take(
+        self, jobs: list[tuple[CosyVoiceStream, HopJob]], rows: int | None
+    ) -> tuple[list[tuple[CosyVoiceStream, HopJob]], int | None]:
+        """The first of ``jobs`` that fit the step's remaining hop rows, and the rows left after them."""
+        taken, deferred = StepBudget.take(jobs, rows)
+        self.num_hops_deferred += deferred
+        self.rows_left = None if rows is None else rows - len(taken)
+        return taken, self.rows_left
 
     def _under_way(self, stream: CosyVoiceStream, job: HopJob) -> bool:
         """``stream``'s call ``job`` has begun and runs a slice at a time."""
