@@ -1,0 +1,154 @@
+"""On a CPU a flow call costs in proportion to its rows (tiny CosyVoice model; issue 25): a waiting
+listener's opening hop runs in a call of its own, and a new request ends the comfortable hops between two
+rows and the short lane's exact closing call between two slices (``rows_cost``, ``short_closings_yield``).
+
+Stepped by hand with the lanes the scheduler would give; counted in hand-outs and samples, not seconds.
+The fixtures and helpers are tests/test_first_audio_bursts.py's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cosyvoice.model import CosyVoice3
+from gateway.voices.store import VoiceStore
+from tests.test_first_audio_bursts import (
+    PLAYING,
+    _samples,
+    _to_end,
+    _until_closing,
+    make_backend,
+    model,
+    playing_and_newcomer,
+    voices,
+)
+from tts_engine.budget import Lane, StepBudget
+
+__all__ = ["model", "voices"]  # the fixtures
+
+
+@pytest.mark.parametrize("alone", [True, False])
+def test_on_a_cpu_an_opening_hop_goes_out_before_the_urgent_groups_other_rows(
+    model: CosyVoice3, voices: VoiceStore, alone: bool
+) -> None:
+    """A flow call on a CPU costs in proportion to its rows, so a waiting listener's opening hop runs in a
+    call of its own and its audio is handed out before the other urgent rows run (``rows_cost``, set
+    by the backend for a CPU device); without it, the group is one call and one hand-out."""
+    backend = make_backend(model, voices, burst=32)
+    assert backend.stepper.rows_cost  # the tests run on a CPU
+    backend.stepper.rows_cost = alone
+    playing, newcomer = playing_and_newcomer(backend)
+    handouts: list[list[int]] = []
+    lanes = StepBudget(lanes=(Lane.URGENT, Lane.URGENT))
+    # the newcomer ranks first (nothing plays for it: no slack), as the scheduler ranks it
+    backend.step([newcomer, playing], lanes, lambda items: handouts.append(sorted(i for i, _ in items)))
+    if alone:
+        assert handouts == [[0], [1]]  # the newcomer's opening first, alone; then the playing stream's hop
+        assert backend.step_stats()["openings_alone"] == 1
+    else:
+        assert handouts == [[0, 1]]
+        assert backend.step_stats()["openings_alone"] == 0
+    for stream in (playing, newcomer):
+        stream.close()
+
+
+@pytest.mark.parametrize("rows_cost", [True, False])
+def test_on_a_cpu_a_new_request_ends_the_comfortable_hops_between_two_rows(
+    model: CosyVoice3, voices: VoiceStore, rows_cost: bool
+) -> None:
+    """With ``rows_cost`` (a CPU) the comfortable group's hops run a row a call and a request that arrives
+    meanwhile ends them between two calls (the rest wait a step); in one batch they all run. (Without
+    ``hop_slices``, the default: tests/test_hop_slices.py has the calls it makes.)"""
+    backend = make_backend(model, voices, burst=32)
+    backend.stepper.rows_cost = rows_cost
+    backend.stepper.hop_slices = False
+    streams = [backend.open_stream(t, "default", 1.0) for t in PLAYING]
+    both = StepBudget(lanes=(Lane.URGENT, Lane.URGENT))
+    started = [False, False]
+    for _ in range(50):  # both openings
+        out = backend.step(streams, both)
+        started = [s or _samples(o) > 0 for s, o in zip(started, out, strict=True)]
+        if all(started):
+            break
+    comfortable = StepBudget(lanes=(Lane.COMFORTABLE, Lane.COMFORTABLE))
+    backend.stepper.deferred_after_openings = False  # deferred below: tokens only, whoever waits
+    for _ in range(300):  # until both next hops' tokens are there
+        for stream in streams:
+            stream.feed_tokens()
+        if all(stream.next_job() is not None for stream in streams):
+            break
+        backend.step(streams, StepBudget(lanes=(Lane.DEFERRED, Lane.DEFERRED)))  # tokens only
+    assert all(stream.next_job() is not None for stream in streams)
+    answers = iter([False, False])  # no request yet after the urgent group nor before the comfortable one
+
+    def arrived() -> bool:
+        return next(answers, True)  # ... then one arrives
+
+    yielded = backend.step_stats()["steps_yielded"]
+    out = backend.step(streams, comfortable, None, arrived)
+    sizes = [_samples(o) for o in out]
+    if rows_cost:
+        assert sizes[0] > 0 and sizes[1] == 0  # the first row's hop ran; the second waits for the next step
+        assert backend.step_stats()["steps_yielded"] == yielded + 1 and streams[1].next_job() is not None
+    else:
+        assert sizes[0] > 0 and sizes[1] > 0
+    for stream in streams:
+        stream.close()
+
+
+@pytest.mark.parametrize("closings_yield", [True, False])
+def test_on_a_cpu_a_new_request_ends_a_short_lane_closing_call_between_two_slices(
+    model: CosyVoice3, voices: VoiceStore, closings_yield: bool
+) -> None:
+    """With ``short_closings_yield`` (a CPU's default) the short lane's exact closing call runs a slice of
+    Euler steps a call and a request that arrives meanwhile ends it between two slices (the rest runs
+    next step, its audio the same bit for bit); without it the call runs whole in its step."""
+    backend = make_backend(model, voices, burst=32)
+    assert backend.stepper.short_closings_yield == (backend.device.type == "cpu")
+    backend.stepper.short_closings_yield = closings_yield
+    whole: list[np.ndarray] = []
+    reference = backend.open_stream(PLAYING[1], "default", 1.0)
+    _until_closing(backend, reference, whole)
+    _to_end(backend, reference, whole, Lane.URGENT)  # the closing call whole, in the urgent group
+    reference.close()
+
+    chunks: list[np.ndarray] = []
+    stream = backend.open_stream(PLAYING[1], "default", 1.0)  # the same text and seed: the same tokens
+    _until_closing(backend, stream, chunks)
+    answers = iter([False, False])  # no request after the urgent group nor before the first slice ...
+
+    def arrived() -> bool:
+        return next(answers, True)  # ... then one arrives
+
+    before = backend.step_stats()
+    [out] = backend.step([stream], StepBudget(lanes=(Lane.SHORT,)), None, arrived)
+    after = backend.step_stats()
+    if closings_yield:
+        assert _samples(out) == 0 and stream.next_job() is not None and stream.next_job().finalize
+        assert after["steps_yielded"] == before["steps_yielded"] + 1
+        assert after["closing_pauses"] == before["closing_pauses"] + 1
+    else:
+        assert _samples(out) > 0 and after["steps_yielded"] == before["steps_yielded"]
+        chunks.append(np.asarray(out))
+    _to_end(backend, stream, chunks, Lane.SHORT)
+    stream.close()
+    assert np.array_equal(np.concatenate(chunks), np.concatenate(whole))
+
+
+def test_without_a_newcomer_the_short_lanes_closing_calls_all_go_on(model: CosyVoice3, voices: VoiceStore) -> None:
+    """Two short-lane streams at their exact closing calls and no request arriving: the first runs whole
+    (slice after slice), the second its slice of the step, and the step does not count as ended early."""
+    backend = make_backend(model, voices, burst=32)
+    backend.stepper.short_closings_yield = True
+    streams = [backend.open_stream(t, "default", 1.0) for t in PLAYING]
+    for stream in streams:
+        _until_closing(backend, stream, [])
+    before = backend.step_stats()
+    out = backend.step(streams, StepBudget(lanes=(Lane.SHORT, Lane.SHORT)), None, lambda: False)
+    after = backend.step_stats()
+    assert _samples(out[0]) > 0 and _samples(out[1]) == 0 and streams[1].next_job().finalize
+    assert after["steps_yielded"] == before["steps_yielded"]
+    assert after["closing_pauses"] == before["closing_pauses"] + 1
+    for stream in streams:
+        stream.close()
