@@ -58,8 +58,8 @@ pass's share of it. ``--step-order together`` runs the step order of before (for
 ``--explain N`` records every step's calls (tts_engine/backends/cosyvoice/timeline.py; on a GPU each
 call synchronised, so its time is its kernels') and prints, after each load's row, where its N slowest
 sentence first chunks waited: time inside steps by kind of call, time outside steps, the longest calls.
-``--rows-cost on|off`` overrides the engine's choice by device (``BatchedStep.rows_cost``: on a CPU each
-opening hop in a call of its own and the short lane's closing passes apart; on a GPU one batch), for a
+``--rows-cost on|off`` overrides the engine's choice by device (``BatchedStep.rows_cost``: on a CPU the
+opening hops in calls of their own and the short lane's closing passes apart; on a GPU one batch), for a
 before / after on a GPU.
 The run prints the commit and every setting; seeds are fixed (``--seed``).
 

@@ -201,7 +201,7 @@ class CosyVoiceBackend(Backend):
             from cosyvoice.token2wav.compile import compile_token2wav
 
             self.compiled = compile_token2wav(model.token2wav, backend="inductor")
-        # a CPU's flow call costs in proportion to its rows: openings alone, comfortable hops a row a call
+        # a CPU's flow call costs in proportion to its rows: openings apart, comfortable hops a row a call
         rows_cost = self.device.type == "cpu"
         self.stepper = BatchedStep(self.runner, model.token2wav, order=step_order, rows_cost=rows_cost)
         self._limits = BackendLimits(
@@ -328,7 +328,7 @@ class CosyVoiceBackend(Backend):
             "closing_progress_slices": stepper.num_progress_slices,
             "hop_slices": stepper.num_hop_slices,
             "llm_rows_held": stepper.num_llm_held,
-            "openings_alone": stepper.num_openings_alone,
+            "opening_calls": stepper.num_opening_calls,
             "urgent_waits": stepper.num_urgent_waits,
             "urgent_pauses": stepper.num_urgent_pauses,
             "decode_bursts": stepper.num_burst_decodes,

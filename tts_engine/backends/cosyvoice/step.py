@@ -17,12 +17,12 @@ Step order (``order``): ``"slack"`` (the default) orders the step by the budget'
 whose next hop lacks tokens (``_decode_burst``; on a CPU, ``bursts_yield``, a request arriving
 meanwhile ends it between two iterations; with ``bursts_split``, off by default, it ends at the first
 opening's tokens and the step after that opening's audio); then every opening hop and the urgent streams' hops
-in one group, whose audio is handed out (``emit``) at once (on a CPU each opening hop in a call of its
-own, its audio out before the group's other rows run: ``rows_cost``, and urgent rows with slack to
-spare after the openings: ``_can_wait``; urgent_calls.py); then, unless a request arrived meanwhile
-(``should_yield``: the rest waits a step), the short lane's tokens and hops (on a CPU its exact closing
-calls a few Euler steps a call, a new request ending them between two); then the later hops and
-closing passes of streams with a comfortable lead (exact closing passes a few Euler steps a step; with
+in one group, whose audio is handed out (``emit``) at once (on a CPU the opening hops in calls of their
+own, up to four a call, their audio out before the group's other rows run: ``rows_cost``, and urgent
+rows with slack to spare after the openings: ``_can_wait``; urgent_calls.py); then, unless a request
+arrived meanwhile (``should_yield``: the rest waits a step), the short lane's tokens and hops (on a
+CPU its exact closing calls a few Euler steps a call, a new request ending them between two); then
+the later hops and closing passes of streams with a comfortable lead (exact closing passes a few Euler steps a step; with
 ``hop_slices``, off by default, the hops a few Euler steps a slice to their end, a new request ending
 them between two slices; a step a request ended before any short or comfortable row advanced still
 runs one slice of the first: ``closing_progress``); then an LLM catch-up for every running LLM
@@ -140,7 +140,7 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         # behind no one else's rows. On a GPU a call's fixed cost dominates (an eager one-row hop: 213 ms
         # on an H200) and one batch serves everyone sooner. The backend sets it by device.
         self.rows_cost = rows_cost
-        self.num_openings_alone = 0  # opening hops run in a call of their own (rows_cost)
+        self.num_opening_calls = 0  # calls of opening hops apart from the other urgent rows (rows_cost)
         # With rows_cost the short lane's exact closing calls run apart from its hops, a slice a call, a
         # new request ending them between two (a probe at load 0.6 found the slowest first chunks waiting
         # 150-200 ms behind a short hop and a closing call run whole, 93-141 ms). A short lane's lead
