@@ -308,4 +308,3 @@ def test_with_riders_need_tokens_a_comfortable_stream_whose_next_hop_is_ready_do
     assert stats["decode_burst_riders"] == iterations * (len(streams) - 2 + ready_rides)
     for stream in streams:
         stream.close()
-

@@ -22,10 +22,10 @@ own, up to four a call, their audio out before the group's other rows run: ``row
 rows with slack to spare after the openings: ``_can_wait``; urgent_calls.py); then, unless a request
 arrived meanwhile (``should_yield``: the rest waits a step), the short lane's tokens and hops (on a
 CPU its exact closing calls a few Euler steps a call, a new request ending them between two); then
-the later hops and closing passes of streams with a comfortable lead (exact closing passes a few Euler steps a step; with
-``hop_slices``, off by default, the hops a few Euler steps a slice to their end, a new request ending
-them between two slices; a step a request ended before any short or comfortable row advanced still
-runs one slice of the first: ``closing_progress``); then an LLM catch-up for every running LLM
+the later hops and closing passes of streams with a comfortable lead (exact closing passes a few
+Euler steps a step; with ``hop_slices``, off by default, the hops a few Euler steps a slice to their
+end, a new request ending them between two slices; a step a request ended before any short or
+comfortable row advanced still runs one slice of the first: ``closing_progress``); then an LLM catch-up for every running LLM
 (``_catch_up``). While another listener waits for first audio, the comfortable work of the deferred
 lane waits until the step's openings are out (``deferred_after_openings``; an opening that could not
 run this step holds it for a later one), and a batch stream's hops wait for a later step.

@@ -188,7 +188,7 @@ class WaveStepping:
         chunks = self._wave_group(group, errors, whole=None, stop=stop)
         if any(id(stream) not in chunks and id(stream) not in errors for stream, _ in group):
             return chunks  # paused (``_pause``): not a whole call's time
-        opening = len(group) == 1 and group[0][1].token_offset == 0
+        opening = all(job.token_offset == 0 for _, job in group)  # a call of openings (openings_per_call)
         self.call_seconds["opening" if opening else "urgent"].append((time.perf_counter() - started) / len(group))
         return chunks
 
