@@ -16,22 +16,23 @@ Step order (``order``): ``"slack"`` (the default) orders the step by the budget'
 (tts_engine/budget.py): decode bursts for every stream waiting for an opening hop and every urgent one
 whose next hop lacks tokens (``_decode_burst``; on a CPU, ``bursts_yield``, a request arriving
 meanwhile ends it between two iterations; with ``bursts_split``, off by default, it ends at the first
-opening's tokens and the step after that opening's audio); then every opening hop and the urgent streams' hops
-in one group, whose audio is handed out (``emit``) at once (on a CPU the opening hops in calls of their
-own, up to four a call, their audio out before the group's other rows run: ``rows_cost``, and urgent
-rows with slack to spare after the openings: ``_can_wait``; urgent_calls.py); then, unless a request
-arrived meanwhile (``should_yield``: the rest waits a step), the short lane's tokens and hops (on a
-CPU its exact closing calls a few Euler steps a call, a new request ending them between two); then
-the later hops and closing passes of streams with a comfortable lead (exact closing passes a few
-Euler steps a step; with ``hop_slices``, off by default, the hops a few Euler steps a slice to their
-end, a new request ending them between two slices; a step a request ended before any short or
-comfortable row advanced still runs one slice of the first: ``closing_progress``); then an LLM catch-up for every running LLM
-(``_catch_up``). While another listener waits for first audio, the comfortable work of the deferred
-lane waits until the step's openings are out (``deferred_after_openings``; an opening that could not
-run this step holds it for a later one), and a batch stream's hops wait for a later step.
-``"together"`` is the order before: one token a step, one batch of every ready hop, its audio handed
-out when the step ends. The order decides when a hop runs, with which rows and in how many slices,
-never what it computes (tests/test_step_order.py compares the audio bit for bit).
+opening's tokens and the step after that opening's audio); then every opening hop and the urgent
+streams' hops in one group, whose audio is handed out (``emit``) at once (on a CPU the opening hops in
+calls of their own, up to four a call, their audio out before the group's other rows run:
+``rows_cost``, and urgent rows with slack to spare after the openings: ``_can_wait``; urgent_calls.py);
+then, unless a request arrived meanwhile (``should_yield``: the rest waits a step), the short lane's
+tokens and hops (on a CPU its exact closing calls a few Euler steps a call, a new request ending them
+between two); then the later hops and closing passes of streams with a comfortable lead (exact closing
+passes a few Euler steps a step; with ``hop_slices``, off by default, the hops a few Euler steps a
+slice to their end, a new request ending them between two slices; a step a request ended before any
+short or comfortable row advanced still runs one slice of the first: ``closing_progress``); then an LLM
+catch-up for every running LLM (``_catch_up``). While another listener waits for first audio, the
+comfortable work of the deferred lane waits until the step's openings are out
+(``deferred_after_openings``; an opening that could not run this step holds it for a later one), and a
+batch stream's hops wait for a later step. ``"together"`` is the order before: one token a step, one
+batch of every ready hop, its audio handed out when the step ends. The order decides when a hop runs,
+with which rows and in how many slices, never what it computes (tests/test_step_order.py compares the
+audio bit for bit).
 
 A batched call that raises is retried row by row where the rows' state allows it, so one bad request
 does not fail its neighbours (wave_step.py has the token2wav calls, llm_step.py the LLM's).
