@@ -27,14 +27,16 @@ def _hops_under_way(backend: CosyVoiceBackend) -> int:
     return sum(not pending.job.finalize for _, pending in backend.stepper.under_way.values())
 
 
-def _play(backend: CosyVoiceBackend, text: str, interrupt: bool) -> tuple[np.ndarray, int]:
-    """A whole sentence, urgent until its opening and comfortable after; with ``interrupt`` a request
-    arrives in every step as soon as a hop slice ran. Its audio, and the steps that ended mid-hop."""
+def _play(
+    backend: CosyVoiceBackend, text: str, interrupt: bool, later: Lane = Lane.COMFORTABLE
+) -> tuple[np.ndarray, int]:
+    """A whole sentence, urgent until its opening and in the ``later`` lane after; with ``interrupt`` a
+    request arrives in every step as soon as a hop slice ran. Its audio, and the steps that ended mid-hop."""
     stream = backend.open_stream(text, "default", 1.0)
     chunks: list[np.ndarray] = []
     paused = 0
     for _ in range(2000):
-        lane = Lane.URGENT if stream.awaits_opening else Lane.COMFORTABLE
+        lane = Lane.URGENT if stream.awaits_opening else later
         start = backend.stepper.num_hop_slices
 
         def arrived(start: int = start) -> bool:
@@ -67,6 +69,31 @@ def test_a_request_arriving_mid_hop_ends_it_between_two_slices_with_the_same_aud
     assert paused > 0 and paused % (slices - 1) == 0  # each hop a slice a step: paused after all but its last
     assert after["hop_slices"] - before["hop_slices"] >= paused
     assert np.array_equal(sliced, whole)  # bit for bit
+
+
+def test_with_short_hop_slices_a_request_ends_a_short_lane_hop_between_two_slices_with_the_same_audio(
+    model: CosyVoice3, voices: VoiceStore
+) -> None:
+    """``short_hop_slices`` (on by default): the short lane's hops run so too on a CPU, where a request
+    already ends the short lane's closing pass between two slices (``short_closings_yield``)."""
+    backend = make_backend(model, voices, burst=32)
+    assert backend.stepper.short_hop_slices and backend.stepper.short_closings_yield  # a CPU
+    backend.stepper.short_hop_slices = False
+    whole, paused = _play(backend, PLAYING[1], interrupt=True, later=Lane.SHORT)
+    assert paused == 0  # short hops whole, and hop_slices (the comfortable lane's) changes nothing here
+    backend.stepper.hop_slices = True
+    assert _play(backend, PLAYING[1], interrupt=True, later=Lane.SHORT)[1] == 0
+    backend.stepper.hop_slices = False
+    backend.stepper.short_hop_slices = True
+    before = backend.step_stats()
+    sliced, paused = _play(backend, PLAYING[1], interrupt=True, later=Lane.SHORT)
+    after = backend.step_stats()
+    slices = math.ceil(model.token2wav.flow.cfg.n_timesteps / CLOSING_SLICE)
+    assert paused > 0 and paused % (slices - 1) == 0  # each hop a slice a step: paused after all but its last
+    assert after["hop_slices"] - before["hop_slices"] >= paused
+    assert np.array_equal(sliced, whole)  # bit for bit
+    backend.stepper.short_closings_yield = False  # as on a GPU: nothing ends the short lane's work
+    assert _play(backend, PLAYING[1], interrupt=True, later=Lane.SHORT)[1] == 0
 
 
 @pytest.mark.parametrize(("lane", "hop_slices"), [(Lane.SHORT, True), (Lane.SHORT, False), (Lane.COMFORTABLE, True)])

@@ -14,25 +14,25 @@
 
 Step order (``order``): ``"slack"`` (the default) orders the step by the budget's lanes
 (tts_engine/budget.py): decode bursts for every stream waiting for an opening hop and every urgent one
-whose next hop lacks tokens (``_decode_burst``; on a CPU, ``bursts_yield``, a request arriving
-meanwhile ends it between two iterations; with ``bursts_split``, off by default, it ends at the first
-opening's tokens and the step after that opening's audio); then every opening hop and the urgent
-streams' hops in one group, whose audio is handed out (``emit``) at once (on a CPU the opening hops in
-calls of their own, up to four a call, their audio out before the group's other rows run:
-``rows_cost``, and urgent rows with slack to spare after the openings: ``_can_wait``; urgent_calls.py);
-then, unless a request arrived meanwhile (``should_yield``: the rest waits a step), the short lane's
-tokens and hops (on a CPU its exact closing calls a few Euler steps a call, a new request ending them
-between two); then the later hops and closing passes of streams with a comfortable lead (exact closing
-passes a few Euler steps a step; with ``hop_slices``, off by default, the hops a few Euler steps a
-slice to their end, a new request ending them between two slices; a step a request ended before any
-short or comfortable row advanced still runs one slice of the first: ``closing_progress``); then an LLM
-catch-up for every running LLM (``_catch_up``). While another listener waits for first audio, the
-comfortable work of the deferred lane waits until the step's openings are out
-(``deferred_after_openings``; an opening that could not run this step holds it for a later one), and a
-batch stream's hops wait for a later step. ``"together"`` is the order before: one token a step, one
-batch of every ready hop, its audio handed out when the step ends. The order decides when a hop runs,
-with which rows and in how many slices, never what it computes (tests/test_step_order.py compares the
-audio bit for bit).
+whose next hop lacks tokens (``_decode_burst``; on a CPU, ``bursts_yield``, a request arriving meanwhile
+ends it between two iterations; with ``bursts_split``, off by default, it ends at the first opening's
+tokens and the step after that opening's audio); then every opening hop and the urgent streams' hops in
+one group, whose audio is handed out (``emit``) at once (on a CPU the opening hops in calls of their
+own, up to four a call, their audio out before the group's other rows run: ``rows_cost``, and urgent
+rows with slack to spare after the openings: ``_can_wait``; urgent_calls.py); then, unless a request
+arrived meanwhile (``should_yield``: the rest waits a step), the short lane's tokens and hops (on a CPU
+its hops and exact closing calls a few Euler steps a call, a new request ending them between two:
+``short_hop_slices``, ``short_closings_yield``); then the later hops and closing passes of streams with
+a comfortable lead (exact closing passes a few Euler steps a step; with ``hop_slices``, off by default,
+the hops a few Euler steps a slice to their end, a new request ending them between two slices; a step a
+request ended before any short or comfortable row advanced still runs one slice of the first:
+``closing_progress``); then an LLM catch-up for every running LLM (``_catch_up``). While another
+listener waits for first audio, the comfortable work of the deferred lane waits until the step's
+openings are out (``deferred_after_openings``; an opening that could not run this step holds it for a
+later one), and a batch stream's hops wait for a later step. ``"together"`` is the order before: one
+token a step, one batch of every ready hop, its audio handed out when the step ends. The order decides
+when a hop runs, with which rows and in how many slices, never what it computes
+(tests/test_step_order.py compares the audio bit for bit).
 
 A batched call that raises is retried row by row where the rows' state allows it, so one bad request
 does not fail its neighbours (wave_step.py has the token2wav calls, llm_step.py the LLM's).
@@ -170,6 +170,10 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         # them between two slices, and closing_progress takes short hops too. Off: three A/Bs on a CPU found
         # no steady gain (docs/gpu-sharing.md, item 5).
         self.hop_slices = False
+        # With it (and short_closings_yield: a CPU) the short lane's hops run so too, a new request ending
+        # them between two slices: a newcomer otherwise waits for a short hop run whole (69-73 ms in run 45).
+        # A paired A/B: a lower first-chunk p95 in 4 of 6 rounds at load 0.6, 5 of 6 at 0.9 (item 4).
+        self.short_hop_slices = True
         self.num_hop_slices = 0  # Euler-step slices of hops run so
         self.progress: list[tuple[CosyVoiceStream, HopJob]] = []  # the step's candidates for _progress
         self.rows_left: int | None = None  # the step's hop rows left (None: no cap)
@@ -291,7 +295,9 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         short = [(stream, job) for stream, _, job in self._ready([(s, Lane.SHORT) for s in short_lane], errors)]
         short, rows = self._take(short, rows)
         stop_short = yielding if self.short_closings_yield else never
-        chunks.update(self._wave_group(short, errors, whole=SHORT_WHOLE_CLOSINGS, stop=stop_short))
+        chunks.update(
+            self._wave_group(short, errors, whole=SHORT_WHOLE_CLOSINGS, stop=stop_short, slices=self.short_hop_slices)
+        )
         chunks = self._emit(chunks, emit)
         if second and yielding():
             self.num_yields += 1

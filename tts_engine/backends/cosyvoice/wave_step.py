@@ -1,7 +1,7 @@
 """The token2wav half of a CosyVoice3 scheduler step (``BatchedStep``, step.py): batched flow + vocoder
 calls for the ready hops of one group of the step, their time shared out by hop kind (and an urgent
-call's kept), and calls run a few Euler steps at a time (exact closing calls; with ``hop_slices``, off
-by default, the comfortable lane's hops too). A batched call that raises is retried row by row where
+call's kept), and calls run a few Euler steps at a time (exact closing calls; on a CPU the short lane's
+hops too, and with ``hop_slices``, off by default, the comfortable lane's). A batched call that raises is retried row by row where
 the rows' state allows it.
 """
 
@@ -208,8 +208,9 @@ class WaveStepping:
         that way; a true ``stop()`` before a slice or a row's call leaves it and the rest for the next
         step. A group given a ``stop`` runs its whole closing calls on their own too (the short lane on a
         CPU: ``short_closings_yield``), a slice a call to their end unless ``stop()`` turns true between
-        two slices. With ``slices`` (the comfortable lane with ``hop_slices``) its hops run so too, in
-        rank order with its closing calls; a hop begun so continues so in any group."""
+        two slices. With ``slices`` (the short lane on a CPU, ``short_hop_slices``; the comfortable lane
+        with ``hop_slices``) its hops run so too, in rank order with its closing calls; a hop begun so
+        continues so in any group."""
         batched: list[tuple[CosyVoiceStream, HopJob]] = []
         sliced: list[tuple[CosyVoiceStream, HopJob, int | None]] = []
         whole_stops = stop is not never  # the short lane on a CPU (run); the comfortable lane has no whole ones
