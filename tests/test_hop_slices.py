@@ -92,8 +92,10 @@ def test_with_short_hop_slices_a_request_ends_a_short_lane_hop_between_two_slice
     assert paused > 0 and paused % (slices - 1) == 0  # each hop a slice a step: paused after all but its last
     assert after["hop_slices"] - before["hop_slices"] >= paused
     assert np.array_equal(sliced, whole)  # bit for bit
-    backend.stepper.short_closings_yield = False  # as on a GPU: nothing ends the short lane's work
+    backend.stepper.short_closings_yield = False  # as on a GPU: the short lane's hops batched, whole
+    before = backend.step_stats()
     assert _play(backend, PLAYING[1], interrupt=True, later=Lane.SHORT)[1] == 0
+    assert backend.step_stats()["hop_slices"] == before["hop_slices"]  # not a call a row
 
 
 @pytest.mark.parametrize(("lane", "hop_slices"), [(Lane.SHORT, True), (Lane.SHORT, False), (Lane.COMFORTABLE, True)])
