@@ -1,8 +1,8 @@
 """The token2wav half of a CosyVoice3 scheduler step (``BatchedStep``, step.py): batched flow + vocoder
 calls for the ready hops of one group of the step, their time shared out by hop kind (and an urgent
 call's kept), and calls run a few Euler steps at a time (exact closing calls; on a CPU the short lane's
-hops too, and with ``hop_slices``, off by default, the comfortable lane's). A batched call that raises is retried row by row where
-the rows' state allows it.
+hops too, and with ``hop_slices``, off by default, the comfortable lane's). A batched call that raises
+is retried row by row where the rows' state allows it.
 """
 
 from __future__ import annotations
