@@ -278,6 +278,30 @@ def test_other_running_llms_ride_along_a_newcomers_burst(
         stream.close()
 
 
+def test_at_most_burst_riders_ride_the_first_in_rank_order(model: CosyVoice3, voices: VoiceStore) -> None:
+    """Three other running LLMs, two riders a burst iteration (the default): the first two in rank order
+    ride every iteration, the third decodes only the step's own token."""
+    backend = make_backend(model, voices, burst=32)
+    assert backend.stepper.burst_riders == 2
+    backend.stepper._catch_up = lambda *args, **kwargs: None  # type: ignore[method-assign]  # tokens by count
+    others = [backend.open_stream(t, "default", 1.0) for t in (PLAYING[0], PLAYING[1], PLAYING[0])]
+    for other in others:
+        backend.step([other], StepBudget(lanes=(Lane.URGENT,)))  # its opening hop; its LLM goes on
+        assert other.segments[0].wave.token_offset > 0
+    newcomer = backend.open_stream(NEWCOMER, "default", 1.0)
+    before = [len(other.segments[0].llm.out_tokens) for other in others]
+    assert max(before) + 32 < 120  # fixed_llm_tokens: each runs on through the burst
+    start = backend.step_stats()
+    backend.step([newcomer, *others], StepBudget(lanes=(Lane.URGENT,) + (Lane.COMFORTABLE,) * 3, hop_rows=0))
+    stats = {key: value - start[key] for key, value in backend.step_stats().items()}
+    iterations = stats["decode_bursts"]
+    assert iterations >= 20 and stats["decode_burst_riders"] == 2 * iterations
+    gained = [len(other.segments[0].llm.out_tokens) - b for other, b in zip(others, before, strict=True)]
+    assert min(gained[:2]) >= iterations and gained[2] <= 1
+    for stream in (newcomer, *others):
+        stream.close()
+
+
 @pytest.mark.parametrize(("need", "lane"), [(True, Lane.COMFORTABLE), (False, Lane.COMFORTABLE), (True, Lane.SHORT)])
 def test_with_riders_need_tokens_a_comfortable_stream_whose_next_hop_is_ready_does_not_ride(
     model: CosyVoice3, voices: VoiceStore, need: bool, lane: Lane

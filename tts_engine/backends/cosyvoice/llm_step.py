@@ -20,8 +20,10 @@ CATCH_UP_SHARE = 0.5  # decode time after a step's flow work, at most this share
 # Other streams whose LLM still runs ride along each burst iteration, at most this many (rank order): a
 # row costs ~0.2-0.4 ms in a batched decode against 1.1-1.6 ms in an iteration of its own (tiny preset,
 # 1 thread), and at load 0.6 the catch-up decoded 1.7 rows an iteration, bursts 1.0-1.2: 30 % of the
-# engine's time went to the LLM. Riders delay the burst's own rows a little (~5-10 ms on 28 tokens).
-BURST_RIDERS = 4
+# engine's time went to the LLM. Riders delay the burst's own rows (a newcomer's 27 iterations: 39 ms with
+# three rows, 71 ms with six, run 46). Paired A/B of 2 against 4 (five rounds, seed 17000): the lower p95
+# in three rounds of five at loads 0.6 and 0.9, fewer underruns at both (docs/gpu-sharing.md, item 1).
+BURST_RIDERS = 2
 
 
 class LLMStepping:
