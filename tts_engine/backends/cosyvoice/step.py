@@ -294,8 +294,8 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         self.seconds["llm"] += time.perf_counter() - started
         short = [(stream, job) for stream, _, job in self._ready([(s, Lane.SHORT) for s in short_lane], errors)]
         short, rows = self._take(short, rows)
-        stop_short = yielding if self.short_closings_yield else never  # a GPU: its hops batched, whole
-        slices = self.short_hop_slices and self.short_closings_yield
+        stop_short = yielding if self.short_closings_yield else never
+        slices = self.short_hop_slices and self.short_closings_yield  # a GPU: its hops batched, whole
         chunks.update(self._wave_group(short, errors, whole=SHORT_WHOLE_CLOSINGS, stop=stop_short, slices=slices))
         chunks = self._emit(chunks, emit)
         if second and yielding():
