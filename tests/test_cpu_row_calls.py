@@ -24,9 +24,11 @@ from tests.test_first_audio_bursts import (
     playing_and_newcomer,
     voices,
 )
+from tts_engine.backends.cosyvoice import CosyVoiceBackend
 from tts_engine.budget import Lane, StepBudget
 
 __all__ = ["model", "voices"]  # the fixtures
+ONE_CALL = "好的。"  # given 12 speech tokens below: fewer than the first hop's 28, so its one call is its closing pass
 
 
 @pytest.mark.parametrize("alone", [True, False])
@@ -92,6 +94,48 @@ def test_on_a_cpu_openings_next_to_each_other_share_a_call_up_to_openings_per_ca
             assert np.array_equal(out, audio[index])
         else:
             assert out.shape == audio[index].shape and np.allclose(out, audio[index], rtol=0, atol=2e-4)
+
+
+@pytest.mark.parametrize("cheap_first", [True, False])
+def test_on_a_cpu_cached_openings_go_out_before_a_one_call_sentences_exact_pass(
+    model: CosyVoice3, voices: VoiceStore, cheap_first: bool
+) -> None:
+    """A one-call sentence (shorter than the first hop: its only call is the exact closing pass, prompt and
+    every token at full attention) ranked ahead of two cached openings: with ``openings_cheap_first`` the
+    two go out first in a call of their own and its pass after them; without, the three share one call
+    and one hand-out. The audio of each is what it is alone."""
+
+    def backend_of() -> CosyVoiceBackend:
+        backend = CosyVoiceBackend(
+            model=model, seed=3, max_batch_size=4, max_llm_len=512, voice_cache_dir=voices.cache_dir,
+            fixed_llm_tokens=lambda text: 12 if text == ONE_CALL else 120,
+        )  # fmt: skip
+        for preset in voices.presets():
+            backend.add_voice(preset)
+        return backend
+
+    backend = backend_of()
+    backend.stepper.openings_cheap_first = cheap_first
+    streams = [backend.open_stream(t, "default", 1.0) for t in (ONE_CALL, *PLAYING)]
+    handouts: list[list[int]] = []
+    audio: dict[int, np.ndarray] = {}
+
+    def handout(items: list) -> None:
+        handouts.append(sorted(i for i, _ in items))
+        audio.update((i, np.asarray(chunk)) for i, chunk in items)
+
+    backend.step(streams, StepBudget(lanes=(Lane.URGENT,) * 3), handout)
+    assert handouts == ([[1, 2], [0]] if cheap_first else [[0, 1, 2]])
+    assert backend.step_stats()["one_call_openings_after"] == (1 if cheap_first else 0)
+    for stream in streams:
+        stream.close()
+    for index, text in enumerate((ONE_CALL, *PLAYING)):
+        alone = backend_of()
+        stream = alone.open_stream(text, "default", 1.0)
+        out = np.asarray(alone.step([stream], StepBudget(lanes=(Lane.URGENT,)))[0])
+        stream.close()
+        assert out.size > 0 and out.shape == audio[index].shape
+        assert np.allclose(out, audio[index], rtol=0, atol=2e-4)  # a shared call: a batch's float rounding
 
 
 @pytest.mark.parametrize("rows_cost", [True, False])

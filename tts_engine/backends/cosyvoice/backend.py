@@ -330,6 +330,7 @@ class CosyVoiceBackend(Backend):
             "llm_rows_held": stepper.num_llm_held,
             "opening_calls": stepper.num_opening_calls,
             "urgent_waits": stepper.num_urgent_waits,
+            "one_call_openings_after": stepper.num_one_call_after,
             "urgent_pauses": stepper.num_urgent_pauses,
             "decode_bursts": stepper.num_burst_decodes,
             "decode_burst_rows": stepper.num_burst_rows,

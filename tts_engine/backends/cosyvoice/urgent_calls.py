@@ -46,6 +46,14 @@ class UrgentCalls:
     # 0.6 and 0.9, pooled 201 against 206 ms and 257 against 264 ms, 1 against 2 and 7 against 14
     # underruns, the engine less busy at 0.9 in seven rounds (docs/gpu-sharing.md, item 2).
     openings_per_call = 4
+    # With it the cached opening hops of a run of openings next to each other in rank order go out before
+    # the one-call sentences' (a sentence shorter than the first hop: its only call is the exact closing
+    # pass, the prompt and every token at full attention) and never in one call with them: the flow solves
+    # such rows in a call apart anyway, longest first (cosyvoice/flow/incremental.py::row_groups), so
+    # the cached openings' listeners waited for it (run 47: a call of two openings and one such sentence,
+    # 280 ms, against 120-138 ms for two or three openings).
+    openings_cheap_first = True
+    num_one_call_after = 0  # one-call sentences' passes that went out after the cached openings beside them so
 
     def _pause(
         self,
@@ -104,30 +112,42 @@ class UrgentCalls:
     ) -> tuple[list[list[tuple[CosyVoiceStream, HopJob]]], list[tuple[CosyVoiceStream, HopJob]]]:
         """The urgent group's flow calls: one batch; or, with ``rows_cost``, in rank order (least
         slack first), opening hops (the first audio of waiting listeners) next to each other in calls of up
-        to ``openings_per_call`` rows, each before the rest, and the other rows between two such calls
-        batched together; and the rows of ``waits`` (streams with slack to spare, ``_can_wait``), batched
-        after the last opening."""
+        to ``openings_per_call`` rows, each before the rest (with ``openings_cheap_first``, of those next to
+        each other the cached openings first, then the one-call sentences' exact passes, never in one
+        call), and the other rows between two such calls batched together; and the rows of ``waits``
+        (streams with slack to spare, ``_can_wait``), batched after the last opening."""
         if not self.rows_cost or len(first) < 2 or not any(job.token_offset == 0 for _, job in first):
             return [first], []
         calls: list[list[tuple[CosyVoiceStream, HopJob]]] = []
         batch: list[tuple[CosyVoiceStream, HopJob]] = []
         after = [(stream, job) for stream, job in first if id(stream) in waits]
         self.num_urgent_waits += len(after)
-        openings: list[tuple[CosyVoiceStream, HopJob]] = []  # a call of openings being filled
+        run: list[tuple[CosyVoiceStream, HopJob]] = []  # openings next to each other in rank order
+
+        def end_run() -> None:
+            parts = [run]
+            if self.openings_cheap_first:
+                parts = [
+                    [row for row in run if not exact_closing(row[1])],
+                    [row for row in run if exact_closing(row[1])],
+                ]
+                self.num_one_call_after += len(parts[1]) if parts[0] else 0
+            for part in parts:
+                for k in range(0, len(part), self.openings_per_call):
+                    calls.append(part[k : k + self.openings_per_call])
+                    self.num_opening_calls += 1
+            run.clear()
+
         for stream, job in first:
             if id(stream) in waits:
                 continue
             if job.token_offset != 0:
-                openings = []
+                end_run()
                 batch.append((stream, job))
                 continue
             if batch:
                 calls.append(batch)
                 batch = []
-            if openings and len(openings) < self.openings_per_call:
-                openings.append((stream, job))
-                continue
-            openings = [(stream, job)]
-            calls.append(openings)
-            self.num_opening_calls += 1
+            run.append((stream, job))
+        end_run()
         return calls + ([batch] if batch else []), after
