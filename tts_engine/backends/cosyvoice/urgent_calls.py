@@ -51,8 +51,10 @@ class UrgentCalls:
     # pass, the prompt and every token at full attention) and never in one call with them: the flow solves
     # such rows in a call apart anyway, longest first (cosyvoice/flow/incremental.py::row_groups), so
     # the cached openings' listeners waited for it (run 47: a call of two openings and one such sentence,
-    # 280 ms, against 120-138 ms for two or three openings).
-    openings_cheap_first = True
+    # 280 ms, against 120-138 ms for two or three openings). Off: its paired A/B gained at load 0.6 and
+    # lost at 0.9, and the two Poisson runs after it were worse than the one before (docs/gpu-sharing.md,
+    # item 2).
+    openings_cheap_first = False
     num_one_call_after = 0  # one-call sentences' passes that went out after the cached openings beside them so
 
     def _pause(
