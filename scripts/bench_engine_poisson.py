@@ -21,6 +21,7 @@ import torch
 
 from scripts.bench_traffic import (
     EN_SENTENCES,
+    RATE_SEED_OFFSET,
     ZH_SENTENCES,
     LoadResult,
     Reply,
@@ -41,7 +42,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 LONE_TEXTS = tuple(
     corpus[k] for k in (2, 7, 10, 3, 4, 9) for corpus in (ZH_SENTENCES, EN_SENTENCES)
 )
-RATE_SEED_OFFSET = 1000  # arrivals draw from seed + this + the load's index
 GOALS = {0.6: 2.0, 0.9: 3.0}  # issue 25: sentence first-chunk p95 at most this times the lone first chunk
 
 

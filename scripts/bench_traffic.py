@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 TOKENS_PER_SECOND = 25
+RATE_SEED_OFFSET = 1000  # a load's arrivals draw from its seed + this (bench_engine_poisson.py)
 GATEWAY_LEAD_S = 0.3  # audio.prebuffer_frames (5) x 60 ms frames: what the device holds before the next chunk
 SENTENCES_PER_REPLY = {1: 30, 2: 25, 3: 18, 4: 12, 5: 9, 6: 6}  # weights
 CJK_PER_SECOND = 4.5

@@ -38,9 +38,14 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.bench_traffic import make_replies, mean_reply_audio_s, percentile, poisson_arrivals
+from scripts.bench_traffic import (
+    RATE_SEED_OFFSET,
+    make_replies,
+    mean_reply_audio_s,
+    percentile,
+    poisson_arrivals,
+)
 
-RATE_SEED_OFFSET = 1000  # as scripts/bench_engine_poisson.py draws the arrivals of a load
 # flow + vocoder of 1, 2 and 4 first hops in one call (docs/gpu-sharing.md item 2)
 OPENING_CALLS_MS = "47,78,,136"
 LONE_MS = 80.0  # run 46's lone first chunk (docs/gpu-sharing.md)
@@ -78,9 +83,9 @@ def simulate(
         raise ValueError(f"batch must be at least 1, got {batch}")
     if not 0 <= other <= 1 or unit_s < 0:
         raise ValueError(f"other must be in 0..1 and unit_s at least 0, got {other} and {unit_s}")
-    rng = random.Random(seed)
     if len(arrivals) != len(sentences) or any(n < 1 for n in sentences):
         raise ValueError("every reply needs an arrival and at least one sentence")
+    rng = random.Random(seed)
     # (requested at, reply, index in it): the openings not run yet, the oldest first
     pending: list[tuple[float, int, int]] = [(at, r, 0) for r, at in enumerate(arrivals)]
     heapq.heapify(pending)
@@ -238,18 +243,9 @@ def main(argv: list[str] | None = None) -> int:
         best = floor_at(load, args.capacity, lone, calls, args.replies, args.seed, k)
         alone = floor_at(load, args.capacity, lone, calls[:1], args.replies, args.seed, k)
         ratio = [s / lone for s in best.first_chunk_s]
+        other = other_share(busy[k], best.share()) if busy else 0.0
         with_units = [
-            floor_at(
-                load,
-                args.capacity,
-                lone,
-                calls,
-                args.replies,
-                args.seed,
-                k,
-                other=other_share(busy[k], best.share()),
-                unit_s=unit,
-            )  # fmt: skip
+            floor_at(load, args.capacity, lone, calls, args.replies, args.seed, k, other=other, unit_s=unit)
             for unit in units
         ]
         print(

@@ -4,26 +4,16 @@ LLM part, and the command prints its table and refuses bad figures."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from scripts import first_audio_floor as floor
-from scripts.bench_traffic import percentile
-
-
-def _poisson(count: int, rate: float, seed: int) -> list[float]:
-    rng, t, out = random.Random(seed), 0.0, []
-    for _ in range(count):
-        t += rng.expovariate(rate)
-        out.append(t)
-    return out
+from scripts.bench_traffic import percentile, poisson_arrivals
 
 
 @pytest.mark.parametrize("rho", [0.2, 0.5])
 def test_one_opening_a_call_and_one_sentence_a_reply_is_an_md1_queue(rho: float) -> None:
     service = 0.1
-    arrivals = _poisson(60000, rho / service, seed=3)
+    arrivals = poisson_arrivals(60000, rho / service, seed=3)
     result = floor.simulate(arrivals, [1] * len(arrivals), lambda n: service * n, batch=1)
     for q in (0.5, 0.95, 0.99):
         expected = floor.md1_response_quantile(rho / service, service, q)
