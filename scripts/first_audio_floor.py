@@ -2,7 +2,8 @@
 on one engine thread, under the Poisson bench's own traffic.
 
     python scripts/first_audio_floor.py [--load 0.3,0.6,0.9] [--capacity 14.9] [--lone-ms 80]
-                                        [--opening-calls-ms 47,78,,136] [--replies 20000] [--seed 0]
+                                        [--opening-calls-ms 47,78,,136] [--llm-scale 1] [--replies 20000]
+                                        [--seed 0] [--busy-pct 52.1 --unit-ms 20,40]
 
 A model, not a timing: the replies, their sizes and their Poisson arrivals are drawn as
 ``scripts/bench_engine.py --arrivals poisson`` draws them (``scripts/bench_traffic.py``), and sentence
@@ -12,8 +13,9 @@ hop's tokens; ``--lone-ms`` less one opening's flow call) and its flow + vocoder
 is a perfect scheduler for first audio: an opening never waits for anything but other openings (every
 hop, closing pass and playing stream's decode is paused at no cost the instant a request arrives), the
 openings waiting when the engine is free run together, oldest first, up to as many as
-``--opening-calls-ms`` lists (one shared burst, the LLM part paid once; the flow call at the listed
-cost), and requests that arrive meanwhile wait for the next call. What it prints per load is what no
+``--opening-calls-ms`` lists (one shared burst, the LLM part paid once, or with ``--llm-scale`` that
+many times: a CPU's batched decode step costs more for more rows; the flow call at the listed cost), and
+requests that arrive meanwhile wait for the next call. What it prints per load is what no
 real single-threaded engine can beat under that traffic; a real one adds what it cannot pause (a flow
 call or slice under way when a request arrives, a burst, a stream that would run dry).
 
@@ -136,14 +138,15 @@ def md1_response_quantile(rate: float, service_s: float, q: float) -> float:
     return high + service_s
 
 
-def opening_calls(text: str) -> list[float]:
-    """``"47,78,,136"`` -> seconds of calls of 1..n openings, blanks interpolated linearly between neighbours."""
+def opening_calls(text: str, unit: float = 1000) -> list[float]:
+    """``"47,78,,136"`` -> seconds of calls of 1..n openings (each value over ``unit``), blanks interpolated
+    linearly between neighbours."""
     items = [item.strip() for item in text.split(",")]
     if not items or not items[0] or not items[-1]:
-        raise ValueError(f"the first and last call costs must be given, got {text!r}")
-    known = {k: float(item) / 1000 for k, item in enumerate(items) if item}
+        raise ValueError(f"the first and last values must be given, got {text!r}")
+    known = {k: float(item) / unit for k, item in enumerate(items) if item}
     if any(v <= 0 for v in known.values()):
-        raise ValueError(f"call costs must be positive, got {text!r}")
+        raise ValueError(f"the values must be positive, got {text!r}")
     keys = sorted(known)
     costs = []
     for k in range(len(items)):
@@ -167,18 +170,21 @@ def floor_at(
     *,
     other: float = 0.0,
     unit_s: float = 0.0,
+    llm_scale: list[float] | None = None,
 ) -> Floor:
     """The bench's load ``k`` (replies from ``seed + k``, arrivals at ``load`` of ``capacity``) on the perfect
-    scheduler: a call of n openings costs the LLM part once plus ``calls[n - 1]`` (``other``, ``unit_s``:
+    scheduler: a call of n openings costs the LLM part once (times ``llm_scale[n - 1]``: a batched decode
+    of n rows over one row's; the last factor for more rows) plus ``calls[n - 1]`` (``other``, ``unit_s``:
     see ``simulate``)."""
     drawn = make_replies(replies, seed + k)
     rate = load * capacity / statistics.fmean(r.audio_s for r in drawn)
     arrivals = poisson_arrivals(len(drawn), rate, seed + RATE_SEED_OFFSET + k)
     llm_s = lone_s - calls[0]
+    scale = llm_scale or [1.0]
     return simulate(
         arrivals,
         [len(r.sentences) for r in drawn],
-        lambda n: llm_s + calls[n - 1],
+        lambda n: llm_s * scale[min(n, len(scale)) - 1] + calls[n - 1],
         len(calls),
         other=other,
         unit_s=unit_s,
@@ -213,9 +219,16 @@ def main(argv: list[str] | None = None) -> int:
         "that work run in units it cannot pause, --unit-ms long",
     )
     parser.add_argument("--unit-ms", default="10,20,40,80", help="with --busy-pct: lengths of those units")
+    parser.add_argument(
+        "--llm-scale",
+        default="1",
+        help="the LLM part of a call of 1, 2, ... openings over one opening's (a CPU's batched decode step "
+        "costs more a row more: e.g. 1,1.26,1.42,1.62); blank: interpolated; 1: paid once a call",
+    )
     args = parser.parse_args(argv)
     try:
         calls = opening_calls(args.opening_calls_ms)
+        scale = opening_calls(args.llm_scale, unit=1)
         loads = [float(x) for x in args.load.split(",") if x.strip()]
         busy = [float(x) / 100 for x in args.busy_pct.split(",") if x.strip()]
         units = [float(x) / 1000 for x in args.unit_ms.split(",") if x.strip()] if busy else []
@@ -230,9 +243,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.capacity <= 0 or args.replies < 1 or not loads or any(x <= 0 for x in loads):
         parser.error("--capacity, --replies and every load must be positive")
+    if scale[0] != 1 or any(b < a for a, b in zip(scale, scale[1:], strict=False)):
+        parser.error(f"--llm-scale must start at 1 and not fall, got {args.llm_scale!r}")
     print(
         f"perfect first-audio scheduler on one engine: lone {args.lone_ms:.0f} ms (LLM part {1000 * (lone - calls[0]):.0f} ms), "
-        f"calls of 1..{len(calls)} openings {', '.join(f'{1000 * c:.0f}' for c in calls)} ms, capacity {args.capacity} s/s, "
+        f"calls of 1..{len(calls)} openings {', '.join(f'{1000 * c:.0f}' for c in calls)} ms, "
+        f"LLM part x {', '.join(f'{x:g}' for x in scale)}, capacity {args.capacity} s/s, "
         f"{args.replies} replies a load (mean {mean_reply_audio_s():.1f} s of audio), seed {args.seed}"
     )
     print(
@@ -240,12 +256,23 @@ def main(argv: list[str] | None = None) -> int:
         + "".join(f" {f'p95_x_unit_{1000 * u:.0f}ms':>16}" for u in units)
     )
     for k, load in enumerate(loads):
-        best = floor_at(load, args.capacity, lone, calls, args.replies, args.seed, k)
+        best = floor_at(load, args.capacity, lone, calls, args.replies, args.seed, k, llm_scale=scale)
         alone = floor_at(load, args.capacity, lone, calls[:1], args.replies, args.seed, k)
         ratio = [s / lone for s in best.first_chunk_s]
         other = other_share(busy[k], best.share()) if busy else 0.0
         with_units = [
-            floor_at(load, args.capacity, lone, calls, args.replies, args.seed, k, other=other, unit_s=unit)
+            floor_at(
+                load,
+                args.capacity,
+                lone,
+                calls,
+                args.replies,
+                args.seed,
+                k,
+                other=other,
+                unit_s=unit,
+                llm_scale=scale,
+            )
             for unit in units
         ]
         print(

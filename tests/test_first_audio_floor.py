@@ -117,3 +117,28 @@ def test_with_busy_shares_the_command_adds_a_column_a_unit(capsys: pytest.Captur
     assert p95 <= short_units <= long_units
     with pytest.raises(SystemExit):
         floor.main(["--load", "0.3,0.6", "--busy-pct", "52"])  # one share a load
+
+
+def test_an_llm_part_that_grows_with_the_rows_raises_the_floor(capsys: pytest.CaptureFixture[str]) -> None:
+    calls = floor.opening_calls(floor.OPENING_CALLS_MS)
+    lone = floor.LONE_MS / 1000
+    once = floor.floor_at(0.6, 14.9, lone, calls, 2000, 0, 1)
+    by_rows = floor.floor_at(0.6, 14.9, lone, calls, 2000, 0, 1, llm_scale=[1.0, 2.0])  # 2.0 from two rows on
+    assert percentile(by_rows.first_chunk_s, 95) > percentile(once.first_chunk_s, 95)
+    assert by_rows.busy_s > once.busy_s
+    assert (
+        floor.floor_at(0.6, 14.9, lone, calls, 2000, 0, 1, llm_scale=[1.0]).first_chunk_s
+        == once.first_chunk_s
+    )
+    # one opening a call: the factor of two rows never applies
+    alone = floor.floor_at(0.6, 14.9, lone, calls[:1], 2000, 0, 1)
+    assert (
+        floor.floor_at(0.6, 14.9, lone, calls[:1], 2000, 0, 1, llm_scale=[1.0, 2.0]).first_chunk_s
+        == alone.first_chunk_s
+    )
+    assert floor.opening_calls("1,,1.5", unit=1) == pytest.approx([1.0, 1.25, 1.5])
+    assert floor.main(["--load", "0.6", "--replies", "300", "--llm-scale", "1,1.3"]) == 0
+    assert "LLM part x 1, 1.3" in capsys.readouterr().out
+    for bad in ("1.2,1.5", "1,0.8"):
+        with pytest.raises(SystemExit):
+            floor.main(["--llm-scale", bad])
