@@ -28,6 +28,7 @@ not on the machine's speed.
 from __future__ import annotations
 
 import argparse
+import functools
 import heapq
 import math
 import random
@@ -256,25 +257,12 @@ def main(argv: list[str] | None = None) -> int:
         + "".join(f" {f'p95_x_unit_{1000 * u:.0f}ms':>16}" for u in units)
     )
     for k, load in enumerate(loads):
-        best = floor_at(load, args.capacity, lone, calls, args.replies, args.seed, k, llm_scale=scale)
-        alone = floor_at(load, args.capacity, lone, calls[:1], args.replies, args.seed, k)
+        at = functools.partial(floor_at, load, args.capacity, lone, replies=args.replies, seed=args.seed, k=k)
+        best = at(calls=calls, llm_scale=scale)
+        alone = at(calls=calls[:1])
         ratio = [s / lone for s in best.first_chunk_s]
         other = other_share(busy[k], best.share()) if busy else 0.0
-        with_units = [
-            floor_at(
-                load,
-                args.capacity,
-                lone,
-                calls,
-                args.replies,
-                args.seed,
-                k,
-                other=other,
-                unit_s=unit,
-                llm_scale=scale,
-            )
-            for unit in units
-        ]
+        with_units = [at(calls=calls, other=other, unit_s=unit, llm_scale=scale) for unit in units]
         print(
             f"{load:>5.2f} {len(ratio):>9} {percentile(ratio, 50):>6.2f} {percentile(ratio, 95):>6.2f} "
             f"{percentile(ratio, 99):>6.2f} {percentile([s / lone for s in alone.first_chunk_s], 95):>16.2f} "
