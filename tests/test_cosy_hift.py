@@ -289,3 +289,47 @@ def test_bad_inputs_raise_hift_input_error(hift: CausalHift) -> None:
         hift(random_mel(20, batch=2), [20, 30])
     with pytest.raises(HiftInputError):
         hift(random_mel(NOISE_SECONDS * 50 + 1))  # longer than the noise buffer
+
+
+def test_a_vocoder_run_a_piece_at_a_time_gives_the_same_samples_bit_for_bit(hift: CausalHift) -> None:
+    """``CausalHift.pieces`` (the engine's ``vocoder_pieces``): the same operations as a call, so the same
+    samples however long the caller waits between pieces and whatever runs between them; and a stream
+    state's ``vocode_pieces`` equals ``append`` + ``vocode_streams``, leaving the state as it was until
+    its last piece."""
+    mel = random_mel(130, seed=11)
+    whole = hift(mel, finalize=False)
+    pieces = hift.pieces(mel, finalize=False)
+    count = 0
+    while True:
+        try:
+            next(pieces)
+        except StopIteration as end:
+            sliced = end.value
+            break
+        count += 1
+        hift(random_mel(40, seed=count), finalize=True)  # other work between two pieces
+    assert count >= len(hift.ups) * hift.num_kernels  # a piece a resblock at least
+    assert torch.equal(sliced.speech, whole.speech) and sliced.speech_lens == whole.speech_lens
+    assert torch.equal(sliced.phase_running, whole.phase_running)
+    ctx = hift.left_context_frames()
+    called, stepped = HiftStreamState(hift, context_frames=ctx), HiftStreamState(hift, context_frames=ctx)
+    for start, stop, final in ((0, 60, False), (60, 110, False), (110, 130, True)):
+        chunk = mel[0, :, start:stop]
+        expected = called.push(hift, chunk, finalize=final)
+        offset = stepped.speech_offset
+        dropped = stepped.vocode_pieces(hift, chunk, finalize=final)
+        next(dropped)  # begun and dropped: the state is untouched
+        dropped.close()
+        assert stepped.speech_offset == offset and stepped.total_frames == start
+        run = stepped.vocode_pieces(hift, chunk, finalize=final)
+        while True:
+            try:
+                next(run)
+            except StopIteration as end:
+                got = end.value
+                break
+        assert torch.equal(got, expected)
+        assert stepped.speech_offset == called.speech_offset and stepped.total_frames == stop
+    assert stepped.finished
+    with pytest.raises(HiftInputError, match="after the final"):
+        next(stepped.vocode_pieces(hift, mel[0, :, :10], finalize=True))

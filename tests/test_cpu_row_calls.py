@@ -138,15 +138,19 @@ def test_on_a_cpu_cached_openings_go_out_before_a_one_call_sentences_exact_pass(
         assert np.allclose(out, audio[index], rtol=0, atol=2e-4)  # a shared call: a batch's float rounding
 
 
-@pytest.mark.parametrize("rows_cost", [True, False])
+@pytest.mark.parametrize(("rows_cost", "vocoder_pieces"), [(True, False), (True, True), (False, False)])
 def test_on_a_cpu_a_new_request_ends_the_comfortable_hops_between_two_rows(
-    model: CosyVoice3, voices: VoiceStore, rows_cost: bool
+    model: CosyVoice3, voices: VoiceStore, rows_cost: bool, vocoder_pieces: bool
 ) -> None:
     """With ``rows_cost`` (a CPU) the comfortable group's hops run a row a call and a request that arrives
-    meanwhile ends them between two calls (the rest wait a step); in one batch they all run. (Without
-    ``hop_slices``, the default: tests/test_hop_slices.py has the calls it makes.)"""
+    meanwhile ends them between two calls (the rest wait a step); with ``vocoder_pieces`` (a CPU's
+    default) it ends the first row's call already between its flow and its vocoder, which ends in the
+    next step; in one batch they all run. (Without ``hop_slices``, the default: tests/test_hop_slices.py
+    has the calls it makes.)"""
     backend = make_backend(model, voices, burst=32)
+    assert backend.stepper.vocoder_pieces == (backend.device.type == "cpu")
     backend.stepper.rows_cost = rows_cost
+    backend.stepper.vocoder_pieces = vocoder_pieces
     backend.stepper.hop_slices = False
     streams = [backend.open_stream(t, "default", 1.0) for t in PLAYING]
     both = StepBudget(lanes=(Lane.URGENT, Lane.URGENT))
@@ -173,7 +177,15 @@ def test_on_a_cpu_a_new_request_ends_the_comfortable_hops_between_two_rows(
     yielded = backend.step_stats()["steps_yielded"]
     out = backend.step(streams, comfortable, None, arrived)
     sizes = [_samples(o) for o in out]
-    if rows_cost:
+    if rows_cost and vocoder_pieces:
+        assert sizes == [0, 0]  # the first row's flow ran, its vocoder waits for the next step, as the second row
+        assert id(streams[0]) in backend.stepper.under_way and backend.stepper.under_way[id(streams[0])][1].done
+        assert backend.step_stats()["steps_yielded"] == yielded + 1 and streams[1].next_job() is not None
+        pauses = backend.step_stats()["vocoder_pauses"]
+        out = backend.step(streams, comfortable)  # nobody arrives
+        assert all(_samples(o) > 0 for o in out) and backend.step_stats()["vocoder_pauses"] == pauses
+        assert not backend.stepper.under_way
+    elif rows_cost:
         assert sizes[0] > 0 and sizes[1] == 0  # the first row's hop ran; the second waits for the next step
         assert backend.step_stats()["steps_yielded"] == yielded + 1 and streams[1].next_job() is not None
     else:

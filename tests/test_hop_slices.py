@@ -54,11 +54,16 @@ def _play(
     return np.concatenate(chunks), paused
 
 
+@pytest.mark.parametrize("vocoder_pieces", [True, False])
 def test_a_request_arriving_mid_hop_ends_it_between_two_slices_with_the_same_audio(
-    model: CosyVoice3, voices: VoiceStore
+    model: CosyVoice3, voices: VoiceStore, vocoder_pieces: bool
 ) -> None:
+    """With ``vocoder_pieces`` (on on a CPU) the request ends it between its last slice and its vocoder
+    too: one pause more a hop."""
     backend = make_backend(model, voices, burst=32)
     assert not backend.stepper.hop_slices  # off by default
+    assert backend.stepper.vocoder_pieces  # a CPU
+    backend.stepper.vocoder_pieces = vocoder_pieces
     whole, paused = _play(backend, PLAYING[1], interrupt=True)  # whole hops: nothing to end mid-way
     assert paused == 0
     backend.stepper.hop_slices = True
@@ -66,17 +71,21 @@ def test_a_request_arriving_mid_hop_ends_it_between_two_slices_with_the_same_aud
     sliced, paused = _play(backend, PLAYING[1], interrupt=True)  # the same text and seed: the same tokens
     after = backend.step_stats()
     slices = math.ceil(model.token2wav.flow.cfg.n_timesteps / CLOSING_SLICE)
-    assert paused > 0 and paused % (slices - 1) == 0  # each hop a slice a step: paused after all but its last
-    assert after["hop_slices"] - before["hop_slices"] >= paused
+    pauses = slices - 1 + vocoder_pieces  # each hop a slice a step: paused after all but its last (and its vocoder)
+    assert paused > 0 and paused % pauses == 0
+    assert after["hop_slices"] - before["hop_slices"] >= paused - vocoder_pieces * paused // pauses
+    assert after["vocoder_pauses"] - before["vocoder_pauses"] == vocoder_pieces * paused // pauses
     assert np.array_equal(sliced, whole)  # bit for bit
 
 
+@pytest.mark.parametrize("vocoder_pieces", [True, False])
 def test_with_short_hop_slices_a_request_ends_a_short_lane_hop_between_two_slices_with_the_same_audio(
-    model: CosyVoice3, voices: VoiceStore
+    model: CosyVoice3, voices: VoiceStore, vocoder_pieces: bool
 ) -> None:
     """``short_hop_slices`` (on by default): the short lane's hops run so too on a CPU, where a request
     already ends the short lane's closing pass between two slices (``short_closings_yield``)."""
     backend = make_backend(model, voices, burst=32)
+    backend.stepper.vocoder_pieces = vocoder_pieces
     assert backend.stepper.short_hop_slices and backend.stepper.short_closings_yield  # a CPU
     backend.stepper.short_hop_slices = False
     whole, paused = _play(backend, PLAYING[1], interrupt=True, later=Lane.SHORT)
@@ -89,8 +98,9 @@ def test_with_short_hop_slices_a_request_ends_a_short_lane_hop_between_two_slice
     sliced, paused = _play(backend, PLAYING[1], interrupt=True, later=Lane.SHORT)
     after = backend.step_stats()
     slices = math.ceil(model.token2wav.flow.cfg.n_timesteps / CLOSING_SLICE)
-    assert paused > 0 and paused % (slices - 1) == 0  # each hop a slice a step: paused after all but its last
-    assert after["hop_slices"] - before["hop_slices"] >= paused
+    pauses = slices - 1 + vocoder_pieces  # each hop a slice a step: paused after all but its last (and its vocoder)
+    assert paused > 0 and paused % pauses == 0
+    assert after["hop_slices"] - before["hop_slices"] >= paused - vocoder_pieces * paused // pauses
     assert np.array_equal(sliced, whole)  # bit for bit
     backend.stepper.short_closings_yield = False  # as on a GPU: the short lane's hops batched, whole
     before = backend.step_stats()

@@ -12,7 +12,7 @@ drops one more frame of samples: ``S * (T - 8)`` samples, all equal to the start
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -133,10 +133,10 @@ class CausalHift(nn.Module):
 
     def _decode(
         self, mel: torch.Tensor, source: torch.Tensor, source_lens: list[int], spec_frames: list[int]
-    ) -> torch.Tensor:
-        """mel [B, C, T], source [B, 1, S*T] -> waveform [B, S*T] before the clamp."""
+    ) -> Generator[None, None, torch.Tensor]:
+        """mel [B, C, T], source [B, 1, S*T] -> waveform [B, S*T] before the clamp, a piece at a time."""
         spec = self.spectral.stft(source[:, 0], source_lens).to(self.dtype)  # [B, n_fft + 2, S*T/hop + 1]
-        magnitude, phase = self.decode_spectrum(mel, spec)  # each [B, bins, S*T/hop + 1]
+        magnitude, phase = yield from self._decode_pieces(mel, spec)  # each [B, bins, S*T/hop + 1]
         return self.spectral.istft(magnitude, phase, spec_frames)  # [B, S*T]
 
     def decode_spectrum(self, mel: torch.Tensor, spec: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,25 +146,52 @@ class CausalHift(nn.Module):
         Pure tensor code with no per-row lengths and no host syncs (the ``torch.compile`` target of
         :mod:`cosyvoice.token2wav.compile`). Every conv but ``conv_pre`` is causal and ``conv_pre`` looks
         ahead into zero padding, so zero frames appended on the right leave the first F output frames
-        unchanged.
+        unchanged. :meth:`_decode_pieces` runs the same operations a piece at a time.
         """
         x = self.conv_pre(mel.to(self.dtype))  # [B, base, T]
-        slope = self.config.lrelu_slope
-        for i, up in enumerate(self.ups):
-            x = up(F.leaky_relu(x, slope))  # [B, ch_i, T * prod(rates[:i+1])]
-            if i == len(self.ups) - 1:
-                x = F.pad(x, (1, 0), mode="reflect")  # [B, ch, S*T/hop + 1]
-            x = x + self.source_resblocks[i](self.source_downs[i](spec))
+        for i in range(len(self.ups)):
+            x = self._stage_input(i, x, spec)
             blocks = self.resblocks[i * self.num_kernels : (i + 1) * self.num_kernels]
             acc = blocks[0](x)
             for block in blocks[1:]:
                 acc = acc + block(x)
             x = acc / self.num_kernels
+        return self._spectrum(x)
+
+    def _stage_input(self, i: int, x: torch.Tensor, spec: torch.Tensor) -> torch.Tensor:
+        """Upsampling stage ``i``'s input to its resblocks: x upsampled, fused with the source spectrum."""
+        x = self.ups[i](F.leaky_relu(x, self.config.lrelu_slope))  # [B, ch_i, T * prod(rates[:i+1])]
+        if i == len(self.ups) - 1:
+            x = F.pad(x, (1, 0), mode="reflect")  # [B, ch, S*T/hop + 1]
+        return x + self.source_resblocks[i](self.source_downs[i](spec))
+
+    def _spectrum(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last stage's output [B, ch, F] -> (magnitude, phase), each [B, n_fft // 2 + 1, F]."""
         x = self.conv_post(F.leaky_relu(x))  # [B, n_fft + 2, F]  (default slope 0.01 here)
         bins = self.config.istft_n_fft // 2 + 1
         magnitude = torch.exp(x[:, :bins])  # [B, bins, F]
         phase = torch.sin(x[:, bins:])  # [B, bins, F]  (sin as upstream: the phase goes through trig twice)
         return magnitude, phase
+
+    def _decode_pieces(
+        self, mel: torch.Tensor, spec: torch.Tensor
+    ) -> Generator[None, None, tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`decode_spectrum`, its operations in the same order, yielding after each resblock (a
+        few ms each on a CPU; a caller may run other work between two pieces). A compiled
+        ``decode_spectrum`` (an instance attribute, :mod:`cosyvoice.token2wav.compile`) runs whole."""
+        if "decode_spectrum" in vars(self):
+            return self.decode_spectrum(mel, spec)
+        x = self.conv_pre(mel.to(self.dtype))
+        for i in range(len(self.ups)):
+            x = self._stage_input(i, x, spec)
+            blocks = self.resblocks[i * self.num_kernels : (i + 1) * self.num_kernels]
+            acc = blocks[0](x)
+            for block in blocks[1:]:
+                yield
+                acc = acc + block(x)
+            x = acc / self.num_kernels
+            yield
+        return self._spectrum(x)
 
     def _check(self, mel: torch.Tensor, mel_lens: Sequence[int] | None, finals: list[bool]) -> list[int]:
         if mel.dim() != 3 or mel.shape[1] != self.config.in_channels or not mel.is_floating_point():
@@ -197,6 +224,27 @@ class CausalHift(nn.Module):
         ``sample_offsets`` / ``phase_resume`` let a row start mid-utterance (window re-vocoding): the
         noise-buffer index of the window's first sample and where to restart the running rad sum.
         """
+        pieces = self.pieces(mel, mel_lens, finalize, sample_offsets=sample_offsets, phase_resume=phase_resume)
+        while True:
+            try:
+                next(pieces)
+            except StopIteration as end:
+                return end.value
+
+    def pieces(
+        self,
+        mel: torch.Tensor,
+        mel_lens: Sequence[int] | None = None,
+        finalize: bool | Sequence[bool] = True,
+        *,
+        sample_offsets: Sequence[int] | None = None,
+        phase_resume: PhaseResume | None = None,
+    ) -> Generator[None, None, HiftOutput]:
+        """:meth:`forward` a piece at a time: a generator that yields between the decoder's resblocks (its
+        input checked at the first ``next``) and returns the :class:`HiftOutput`. The same operations in
+        the same order as a call, so the same samples however long the caller waits between pieces
+        (run each piece under the same grad mode as a call would be).
+        """
         batch, _, total = mel.shape
         finals = [bool(finalize)] * batch if isinstance(finalize, bool) else [bool(f) for f in finalize]
         lens = self._check(mel, mel_lens, finals)
@@ -219,7 +267,7 @@ class CausalHift(nn.Module):
         spf = self.samples_per_frame
         hop_frames = spf // self.config.istft_hop_len  # STFT frames per mel frame
         source_lens = [spf * n for n in f0_frames]
-        wave = self._decode(mel, source, source_lens, [hop_frames * n + 1 for n in dec_frames])  # [B, S*T]
+        wave = yield from self._decode(mel, source, source_lens, [hop_frames * n + 1 for n in dec_frames])  # [B, S*T]
         speech_lens = [
             spf * n if final else spf * (n - 1) for n, final in zip(dec_frames, finals, strict=True)
         ]

@@ -11,7 +11,7 @@ keeps upstream's O(N) re-vocoding per hop; a window bounds it (and the mel kept)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -64,8 +64,14 @@ class HiftStreamState:
         mel = mel[0] if mel.dim() == 3 else mel  # [C, m]
         self.mel = mel if self.mel is None else torch.cat([self.mel, mel.to(self.mel)], dim=1)  # [C, T]
 
-    def _window(self, finalize: bool) -> _Window:
-        if self.mel is None:
+    def _window(self, finalize: bool, extra: torch.Tensor | None = None) -> _Window:
+        """The window to vocode next; ``extra``: mel frames [C, m] taken as appended (they are not yet)."""
+        held = self.mel
+        if extra is not None:
+            if self.finished:
+                raise HiftInputError("mel appended after the final vocoder call")
+            held = extra if held is None else torch.cat([held, extra.to(held)], dim=1)  # as append() does
+        if held is None:
             raise HiftInputError("no mel to vocode")
         emitted = self.speech_offset // self.samples_per_frame
         start = 0
@@ -75,7 +81,7 @@ class HiftStreamState:
             raise HiftInputError("stream phase state does not match its window (state corrupted)")
         resume_frame = self.f0_context if start > 0 else 0
         value = self.phase_value if start > 0 else torch.zeros_like(self.phase_value)
-        mel = self.mel[:, start - self.mel_start :]  # [C, total - start]
+        mel = held[:, start - self.mel_start :]  # [C, total - start]
         return _Window(mel=mel, start=start, finalize=finalize, resume_frame=resume_frame, resume_value=value)
 
     def _commit(
@@ -97,6 +103,29 @@ class HiftStreamState:
                 self.mel = self.mel[:, next_start - self.mel_start :]  # keep only what windows still need
                 self.mel_start = next_start
         return chunk
+
+    def vocode_pieces(
+        self, hift: CausalHift, mel: torch.Tensor, *, finalize: bool
+    ) -> Generator[None, None, torch.Tensor]:
+        """``append(mel)`` then ``vocode_streams(hift, [self], [finalize])`` a piece at a time: a generator
+        that yields between the vocoder's pieces (:meth:`CausalHift.pieces`) and returns the new samples
+        [n]. The state changes only at the end (a generator dropped before it leaves the state as it
+        was); the same samples as the call. Run each piece under ``torch.inference_mode``."""
+        mel = mel[0] if mel.dim() == 3 else mel  # [C, m]
+        window = self._window(bool(finalize), extra=mel)
+        device = hift.conv_pre.weight.device
+        resume = PhaseResume(values=window.resume_value[None].to(device), frames=[window.resume_frame])
+        batch = window.mel.new_zeros(1, *window.mel.shape)  # [1, C, T], laid out as vocode_streams does
+        batch[0] = window.mel
+        out = yield from hift.pieces(
+            batch.to(device),
+            [int(window.mel.shape[1])],
+            [window.finalize],
+            sample_offsets=[hift.samples_per_frame * window.start],
+            phase_resume=resume,
+        )
+        self.append(mel)
+        return self._commit(window, out.speech[0], out.speech_lens[0], out.phase_running[0])
 
     def push(self, hift: CausalHift, mel: torch.Tensor, *, finalize: bool) -> torch.Tensor:
         """Append mel [C, m] and vocode this request alone; returns the new samples [n]."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -207,8 +207,12 @@ class Token2WavStream:
 
     def _apply(self, job: HopJob, new_mel: torch.Tensor) -> None:
         """Record a finished flow call: hand its mel [1, 80, m] to the vocoder state, advance the hop."""
-        self.hop_log.append((job.num_tokens, job.streaming, job.finalize, job.token_offset))
         self.vocoder.append(new_mel)
+        self._advance(job)
+
+    def _advance(self, job: HopJob) -> None:
+        """Record a finished call (its mel already with the vocoder state): advance the hop, or end."""
+        self.hop_log.append((job.num_tokens, job.streaming, job.finalize, job.token_offset))
         if job.finalize:
             self.done = True
             self.close()
@@ -328,15 +332,40 @@ class Token2Wav:
         return self.flow.advance_inference(pending.solve, steps)
 
     @torch.inference_mode()
-    def finish_call(self, pending: PendingCall) -> torch.Tensor:
-        """Vocode a done call; its stream's new samples."""
+    def advance_vocoder(self, pending: PendingCall) -> bool:
+        """Run one piece of a call's vocoder (a few ms on a CPU; :meth:`CausalHift.pieces`), begun with the
+        first once its flow is done; True once the vocoder has ended (its samples: :meth:`finish_call`).
+        The stream's state changes only with the last piece, so a call left between two pieces is still
+        its stream's next job, and the pieces compute what ``run([job])`` does."""
+        if pending.samples is not None:
+            return True
         job = pending.job
-        if job.stream.next_job() != job:
-            raise Token2WavError("stale job: the stream's state changed since begin_call()")
-        mel = self.flow.finish_inference(pending.solve)
-        [new_mel] = self._cut(mel, [job])
-        job.stream._apply(job, new_mel)
-        return vocode_streams(self.hift, [job.stream.vocoder], [job.finalize])[0]
+        if pending.vocoding is None:
+            if job.stream.next_job() != job:
+                raise Token2WavError("stale job: the stream's state changed since begin_call()")
+            if not pending.solve.done:
+                raise Token2WavError("the call's vocoder began before its flow was done")
+            [new_mel] = self._cut(self.flow.finish_inference(pending.solve), [job])
+            pending.vocoding = self._vocode_pieces(job, new_mel)
+        try:
+            next(pending.vocoding)
+        except StopIteration as end:
+            pending.samples = end.value
+            pending.vocoding = None
+            return True
+        return False
+
+    def _vocode_pieces(self, job: HopJob, new_mel: torch.Tensor) -> Generator[None, None, torch.Tensor]:
+        samples = yield from job.stream.vocoder.vocode_pieces(self.hift, new_mel, finalize=job.finalize)
+        job.stream._advance(job)
+        return samples
+
+    def finish_call(self, pending: PendingCall) -> torch.Tensor:
+        """Vocode a done call (what :meth:`advance_vocoder` has not run yet); its stream's new samples."""
+        while not self.advance_vocoder(pending):
+            pass  # one piece each: the same operations as a call of the whole vocoder
+        assert pending.samples is not None
+        return pending.samples
 
     def _flow_batch(self, jobs: Sequence[HopJob]) -> list[torch.Tensor]:
         # Host tensors: the flow checks the ids on the host and copies them to its device itself.
@@ -384,7 +413,15 @@ class PendingCall:
 
     job: HopJob
     solve: FlowSolve
+    vocoding: Generator[None, None, torch.Tensor] | None = None  # its vocoder under way (advance_vocoder)
+    samples: torch.Tensor | None = None  # its new samples once the vocoder ended
 
     @property
     def done(self) -> bool:
+        """Its flow is done (the vocoder may not have begun)."""
         return self.solve.done
+
+    @property
+    def vocoding_begun(self) -> bool:
+        """Its vocoder has begun (:meth:`Token2Wav.advance_vocoder`)."""
+        return self.vocoding is not None or self.samples is not None

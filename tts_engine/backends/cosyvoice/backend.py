@@ -327,6 +327,8 @@ class CosyVoiceBackend(Backend):
             "closing_pauses": stepper.num_closing_pauses,
             "closing_progress_slices": stepper.num_progress_slices,
             "hop_slices": stepper.num_hop_slices,
+            "vocoder_pieces": stepper.num_vocoder_pieces,
+            "vocoder_pauses": stepper.num_vocoder_pauses,
             "llm_rows_held": stepper.num_llm_held,
             "opening_calls": stepper.num_opening_calls,
             "urgent_waits": stepper.num_urgent_waits,

@@ -26,7 +26,9 @@ its hops and exact closing calls a few Euler steps a call, a new request ending 
 a comfortable lead (exact closing passes a few Euler steps a step; with ``hop_slices``, off by default,
 the hops a few Euler steps a slice to their end, a new request ending them between two slices; a step a
 request ended before any short or comfortable row advanced still runs one slice of the first:
-``closing_progress``); then an LLM catch-up for every running LLM (``_catch_up``). While another
+``closing_progress``; on a CPU every call run so, and the comfortable lane's hops run a row a call, run
+their vocoder a piece at a time, a new request ending it between two: ``vocoder_pieces``); then an LLM
+catch-up for every running LLM (``_catch_up``). While another
 listener waits for first audio, the comfortable work of the deferred lane waits until the step's
 openings are out (``deferred_after_openings``; an opening that could not run this step holds it for a
 later one), and a batch stream's hops wait for a later step. ``"together"`` is the order before: one
@@ -175,13 +177,16 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         # A paired A/B: a lower first-chunk p95 in 4 of 6 rounds at load 0.6, 5 of 6 at 0.9 (item 4).
         self.short_hop_slices = True
         self.num_hop_slices = 0  # Euler-step slices of hops run so
+        self.vocoder_pieces = rows_cost  # (WaveStepping) a CPU: sliced calls' vocoders a piece at a time
+        self.num_vocoder_pieces = 0  # vocoder pieces run so (all but each call's last)
+        self.num_vocoder_pauses = 0  # ... and calls left between two of them for a later step
         self.progress: list[tuple[CosyVoiceStream, HopJob]] = []  # the step's candidates for _progress
         self.rows_left: int | None = None  # the step's hop rows left (None: no cap)
 
     def set_rows_cost(self, on: bool) -> None:
-        """Override the backend's choice by device: ``rows_cost``, ``short_closings_yield`` and ``bursts_yield``
-        (a benchmark's A/B)."""
-        self.rows_cost = self.short_closings_yield = self.bursts_yield = on
+        """Override the backend's choice by device: ``rows_cost``, ``short_closings_yield``, ``bursts_yield``
+        and ``vocoder_pieces`` (a benchmark's A/B)."""
+        self.rows_cost = self.short_closings_yield = self.bursts_yield = self.vocoder_pieces = on
 
     def run(
         self,
@@ -212,7 +217,9 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
 
     def _progress(self, errors: Errors) -> Chunks:
         """One slice of the first of the step's short and comfortable rows ``_progresses`` takes (rank order)
-        where none of them advanced this step (``closing_progress``); its audio once it ends."""
+        where none of them advanced this step (``closing_progress``); its audio once it ends (its vocoder
+        whole: under steady arrivals, with every step ending early, a piece a step would hold its audio for
+        as many steps as the vocoder has pieces)."""
         candidates = [(s, job) for s, job in self.progress if id(s) not in errors and not s.closed and s.next_job() == job]
         if not candidates or any(id(s) in self.advanced for s, _ in candidates):
             return {}

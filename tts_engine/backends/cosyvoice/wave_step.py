@@ -1,8 +1,9 @@
 """The token2wav half of a CosyVoice3 scheduler step (``BatchedStep``, step.py): batched flow + vocoder
 calls for the ready hops of one group of the step, their time shared out by hop kind (and an urgent
 call's kept), and calls run a few Euler steps at a time (exact closing calls; on a CPU the short lane's
-hops too, and with ``hop_slices``, off by default, the comfortable lane's). A batched call that raises
-is retried row by row where the rows' state allows it.
+hops too, and with ``hop_slices``, off by default, the comfortable lane's), their vocoders, on a CPU, a
+piece at a time (``vocoder_pieces``; the comfortable lane's hops too, their flow run whole). A batched
+call that raises is retried row by row where the rows' state allows it.
 """
 
 from __future__ import annotations
@@ -55,6 +56,14 @@ class WaveStepping:
     num_hop_slices: int
     num_yields: int
     num_hops_deferred: int
+    # With it (on a CPU: rows_cost) a call run a slice at a time with a ``stop`` runs its vocoder a piece at
+    # a time too (a resblock each, cosyvoice.hift.generator), a true ``stop()`` ending it between two
+    # pieces (and between its flow's last slice and its vocoder): the vocoder is about half a hop's time
+    # (a hop 58 ms whole, its vocoder 30 ms; a closing pass's vocoder up to 63 ms, run 51's machine), which
+    # a newcomer otherwise waits for whole. The same operations: the same samples.
+    vocoder_pieces: bool
+    num_vocoder_pieces: int
+    num_vocoder_pauses: int
     rows_left: int | None  # the step's hop rows left (None: no cap)
     advanced: set[int]  # streams whose flow call ran or advanced this step (id)
     call_seconds: dict[str, deque[float]]  # recent urgent calls' seconds a row: "opening" and "urgent"
@@ -93,17 +102,26 @@ class WaveStepping:
         return entry is not None and entry[1].job == job
 
     def _slice(
-        self, stream: CosyVoiceStream, job: HopJob, errors: Errors, steps: int | None, stop: Stop = never
+        self,
+        stream: CosyVoiceStream,
+        job: HopJob,
+        errors: Errors,
+        steps: int | None,
+        stop: Stop = never,
+        *,
+        whole_flow: bool = False,
     ) -> torch.Tensor | None:
         """Advance ``stream``'s call ``job`` (begun now unless under way) by ``steps`` Euler steps (None:
-        to its end, with a ``stop``: ``CLOSING_SLICE`` at a time until ``stop()`` turns true); its audio
-        once done. Sliced or whole, the same operations: the same samples."""
+        to its end, with a ``stop``: ``CLOSING_SLICE`` at a time until ``stop()`` turns true, unless
+        ``whole_flow``), then, once its flow is done, its vocoder (with ``vocoder_pieces`` and a ``stop``,
+        a piece at a time until ``stop()`` turns true); its audio once done. Sliced or whole, the same
+        operations: the same samples."""
         kind = "closing" if exact_closing(job) else "slice"
         with span_of(self.timeline, kind, 1, "" if kind == "closing" else _kinds([(stream, job)])):
-            return self._slice_call(stream, job, errors, steps, stop)
+            return self._slice_call(stream, job, errors, steps, stop, whole_flow)
 
     def _slice_call(
-        self, stream: CosyVoiceStream, job: HopJob, errors: Errors, steps: int | None, stop: Stop
+        self, stream: CosyVoiceStream, job: HopJob, errors: Errors, steps: int | None, stop: Stop, whole_flow: bool
     ) -> torch.Tensor | None:
         t2w = self.token2wav
         started = time.perf_counter()
@@ -113,17 +131,18 @@ class WaveStepping:
             else:  # not begun, or a stale call (its stream moved on): begun anew
                 pending = t2w.begin_call(job)
                 self.under_way[id(stream)] = (stream, pending)
-            to_end_by_slices = steps is None and stop is not never
             self.advanced.add(id(stream))
-            hop = not exact_closing(job)
-            done = t2w.advance_call(pending, CLOSING_SLICE if to_end_by_slices else steps)
-            self.num_hop_slices += hop
-            while to_end_by_slices and not done and not stop():
-                done = t2w.advance_call(pending, CLOSING_SLICE)
-                self.num_hop_slices += hop
-            if not done:
+            worked = not pending.done  # a unit of this call ran here (a stop() may end it after one)
+            if worked and not self._advance_flow(t2w, pending, job, steps, never if whole_flow else stop):
                 self.num_closing_pauses += exact_closing(job)
                 return None
+            if self.vocoder_pieces and stop is not never:
+                while pending.samples is None:
+                    if worked and stop():
+                        self.num_vocoder_pauses += 1
+                        return None  # a request arrived: the rest of the vocoder waits for a later step
+                    worked = True
+                    self.num_vocoder_pieces += not t2w.advance_vocoder(pending)
             del self.under_way[id(stream)]
             return t2w.finish_call(pending)
         except Exception as exc:  # noqa: BLE001 - fails this request only
@@ -132,6 +151,18 @@ class WaveStepping:
             return None
         finally:
             self.seconds[kind_of(job)] += time.perf_counter() - started
+
+    def _advance_flow(self, t2w: Token2Wav, pending: PendingCall, job: HopJob, steps: int | None, stop: Stop) -> bool:
+        """Run ``steps`` of ``pending``'s Euler steps (None: to its end, with a ``stop`` ``CLOSING_SLICE`` at a
+        time until ``stop()`` turns true); True once its flow is done."""
+        to_end_by_slices = steps is None and stop is not never
+        hop = not exact_closing(job)
+        done = t2w.advance_call(pending, CLOSING_SLICE if to_end_by_slices else steps)
+        self.num_hop_slices += hop and (steps is not None or to_end_by_slices)  # not a flow run whole
+        while to_end_by_slices and not done and not stop():
+            done = t2w.advance_call(pending, CLOSING_SLICE)
+            self.num_hop_slices += hop
+        return done
 
     def _wave_step(self, jobs: list[tuple[CosyVoiceStream, HopJob]], errors: Errors) -> Chunks:
         """All given hops in one flow + vocoder batch (its time shared out by kind, ``seconds``)."""
@@ -241,7 +272,16 @@ class WaveStepping:
                 if k and stop():
                     self.num_yields += 1
                     return chunks  # a request arrived: the other rows and the slices wait for the next step
-                chunks.update(self._wave_step([row], errors))
+                if not self.vocoder_pieces:
+                    chunks.update(self._wave_step([row], errors))
+                    continue
+                stream, job = row  # its flow whole, its vocoder a piece at a time (vocoder_pieces)
+                chunk = self._slice(stream, job, errors, None, stop, whole_flow=True)
+                if chunk is not None:
+                    chunks[id(stream)] = chunk
+                elif id(stream) in self.under_way:
+                    self.num_yields += 1
+                    return chunks  # stopped between two pieces: it and the rest wait for the next step
         for stream, job, steps in sliced:
             if stop():
                 self.num_yields += 1
