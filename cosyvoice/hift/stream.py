@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -59,18 +60,18 @@ class HiftStreamState:
 
     def append(self, mel: torch.Tensor) -> None:
         """Add mel frames [C, m] (or [1, C, m]) after those already held."""
+        self.mel = self._joined(mel)
+
+    def _joined(self, mel: torch.Tensor) -> torch.Tensor:
+        """The mel held with ``mel`` [C, m] (or [1, C, m]) after it: [C, T] (the state unchanged)."""
         if self.finished:
             raise HiftInputError("mel appended after the final vocoder call")
         mel = mel[0] if mel.dim() == 3 else mel  # [C, m]
-        self.mel = mel if self.mel is None else torch.cat([self.mel, mel.to(self.mel)], dim=1)  # [C, T]
+        return mel if self.mel is None else torch.cat([self.mel, mel.to(self.mel)], dim=1)  # [C, T]
 
     def _window(self, finalize: bool, extra: torch.Tensor | None = None) -> _Window:
         """The window to vocode next; ``extra``: mel frames [C, m] taken as appended (they are not yet)."""
-        held = self.mel
-        if extra is not None:
-            if self.finished:
-                raise HiftInputError("mel appended after the final vocoder call")
-            held = extra if held is None else torch.cat([held, extra.to(held)], dim=1)  # as append() does
+        held = self.mel if extra is None else self._joined(extra)
         if held is None:
             raise HiftInputError("no mel to vocode")
         emitted = self.speech_offset // self.samples_per_frame
@@ -111,19 +112,9 @@ class HiftStreamState:
         that yields between the vocoder's pieces (:meth:`CausalHift.pieces`) and returns the new samples
         [n]. The state changes only at the end (a generator dropped before it leaves the state as it
         was); the same samples as the call. Run each piece under ``torch.inference_mode``."""
-        mel = mel[0] if mel.dim() == 3 else mel  # [C, m]
         window = self._window(bool(finalize), extra=mel)
-        device = hift.conv_pre.weight.device
-        resume = PhaseResume(values=window.resume_value[None].to(device), frames=[window.resume_frame])
-        batch = window.mel.new_zeros(1, *window.mel.shape)  # [1, C, T], laid out as vocode_streams does
-        batch[0] = window.mel
-        out = yield from hift.pieces(
-            batch.to(device),
-            [int(window.mel.shape[1])],
-            [window.finalize],
-            sample_offsets=[hift.samples_per_frame * window.start],
-            phase_resume=resume,
-        )
+        mel_in, args = _vocoder_input(hift, [window])
+        out = yield from hift.pieces(mel_in, **args)
         self.append(mel)
         return self._commit(window, out.speech[0], out.speech_lens[0], out.phase_running[0])
 
@@ -142,6 +133,18 @@ def vocode_streams(
     if len({id(s) for s in states}) != len(states):
         raise HiftInputError("a stream state appears twice in one vocoder batch")
     windows = [state._window(bool(f)) for state, f in zip(states, finalize, strict=True)]
+    mel, args = _vocoder_input(hift, windows)
+    with torch.inference_mode():
+        out = hift(mel, **args)
+    return [
+        state._commit(window, out.speech[b], out.speech_lens[b], out.phase_running[b])
+        for b, (state, window) in enumerate(zip(states, windows, strict=True))
+    ]
+
+
+def _vocoder_input(hift: CausalHift, windows: Sequence[_Window]) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The windows as one vocoder batch: mel [B, C, T] on the vocoder's device (rows zero-padded) and the
+    other arguments of :meth:`CausalHift.forward` / :meth:`CausalHift.pieces`."""
     lens = [int(w.mel.shape[1]) for w in windows]
     mel = windows[0].mel.new_zeros(len(windows), windows[0].mel.shape[0], max(lens))  # [B, C, T]
     for b, window in enumerate(windows):
@@ -151,15 +154,9 @@ def vocode_streams(
         values=torch.stack([w.resume_value for w in windows]).to(device),  # [B, H]
         frames=[w.resume_frame for w in windows],
     )
-    with torch.inference_mode():
-        out = hift(
-            mel.to(device),
-            lens,
-            [w.finalize for w in windows],
-            sample_offsets=[hift.samples_per_frame * w.start for w in windows],
-            phase_resume=resume,
-        )
-    return [
-        state._commit(window, out.speech[b], out.speech_lens[b], out.phase_running[b])
-        for b, (state, window) in enumerate(zip(states, windows, strict=True))
-    ]
+    return mel.to(device), {
+        "mel_lens": lens,
+        "finalize": [w.finalize for w in windows],
+        "sample_offsets": [hift.samples_per_frame * w.start for w in windows],
+        "phase_resume": resume,
+    }

@@ -420,8 +420,3 @@ class PendingCall:
     def done(self) -> bool:
         """Its flow is done (the vocoder may not have begun)."""
         return self.solve.done
-
-    @property
-    def vocoding_begun(self) -> bool:
-        """Its vocoder has begun (:meth:`Token2Wav.advance_vocoder`)."""
-        return self.vocoding is not None or self.samples is not None
