@@ -19,7 +19,7 @@ requests that arrive meanwhile wait for the next call. What it prints per load i
 real single-threaded engine can beat under that traffic; a real one adds what it cannot pause (a flow
 call or slice under way when a request arrives, a burst, a stream that would run dry).
 
-Defaults are the figures of docs/gpu-sharing.md: the lone first chunk of run 46 (80 ms, tiny preset, one
+Defaults are the figures of docs/step-order.md: the lone first chunk of run 46 (80 ms, tiny preset, one
 CPU thread) and the calls of one, two and four openings measured for ``openings_per_call`` (47, 78 and
 136 ms; three interpolated). The result in multiples of the lone first chunk depends on their ratios,
 not on the machine's speed.
@@ -49,9 +49,9 @@ from scripts.bench_traffic import (
     poisson_arrivals,
 )
 
-# flow + vocoder of 1, 2 and 4 first hops in one call (docs/gpu-sharing.md item 2)
+# flow + vocoder of 1, 2 and 4 first hops in one call (docs/step-order.md item 2)
 OPENING_CALLS_MS = "47,78,,136"
-LONE_MS = 80.0  # run 46's lone first chunk (docs/gpu-sharing.md)
+LONE_MS = 80.0  # run 46's lone first chunk (docs/step-order.md)
 
 
 @dataclass(frozen=True)

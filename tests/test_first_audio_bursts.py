@@ -139,7 +139,7 @@ def test_a_request_arriving_mid_burst_ends_it_and_the_next_burst_decodes_both(
         alone.append(audio)
         stream.close()
     backend = make_backend(model, voices, burst=32)
-    assert backend.stepper.bursts_yield and not backend.stepper.bursts_split  # a CPU's default (gpu-sharing.md)
+    assert backend.stepper.bursts_yield and not backend.stepper.bursts_split  # a CPU's default (step-order.md)
     first, second = backend.open_stream(NEWCOMER, "default", 1.0), backend.open_stream(PLAYING[1], "default", 1.0)
     calls = iter(range(100))
     arrives = lambda: next(calls) >= 5  # noqa: E731 - true from its sixth call on: during the burst
@@ -172,7 +172,7 @@ def test_with_bursts_split_the_first_opening_does_not_wait_for_the_newcomers_tok
         alone.append(audio)
         stream.close()
     backend = make_backend(model, voices, burst=32)
-    backend.stepper.bursts_split = True  # off by default (docs/gpu-sharing.md, item 1)
+    backend.stepper.bursts_split = True  # off by default (docs/step-order.md, item 1)
     first, second = backend.open_stream(NEWCOMER, "default", 1.0), backend.open_stream(PLAYING[1], "default", 1.0)
     calls = iter(range(100))
     arrives = lambda: next(calls) >= 5  # noqa: E731 - true from its sixth call on: during the burst

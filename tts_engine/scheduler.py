@@ -50,7 +50,7 @@ work that could wait. ``comfortable_s`` is ``COMFORT_STEPS`` times that long ste
 urgent lane, and done, before it runs dry. The long step is the longest (``long_step_rank`` 1): one step
 stretched by the machine or by a pile of closing passes makes most streams urgent for ``STEP_WINDOW``
 steps, whose urgent work goes first and can make more long steps; the 4th longest cut the 0.9 tail in
-an A/B but added underruns at 0.6 in two (docs/gpu-sharing.md).
+an A/B but added underruns at 0.6 in two (docs/step-order.md).
 """
 
 from __future__ import annotations

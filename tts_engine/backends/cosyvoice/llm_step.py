@@ -22,7 +22,7 @@ CATCH_UP_SHARE = 0.5  # decode time after a step's flow work, at most this share
 # 1 thread), and at load 0.6 the catch-up decoded 1.7 rows an iteration, bursts 1.0-1.2: 30 % of the
 # engine's time went to the LLM. Riders delay the burst's own rows (a newcomer's 27 iterations: 39 ms with
 # three rows, 71 ms with six, run 46). Paired A/B of 2 against 4 (five rounds, seed 17000): the lower p95
-# in three rounds of five at loads 0.6 and 0.9, fewer underruns at both (docs/gpu-sharing.md, item 1).
+# in three rounds of five at loads 0.6 and 0.9, fewer underruns at both (docs/step-order.md, item 1).
 BURST_RIDERS = 2
 
 
@@ -43,7 +43,7 @@ class LLMStepping:
     # iteration only while its own next hop lacks tokens; one whose next hop is ready gets its later tokens
     # from the step's decode and catch-up. Urgent and short streams always ride. A rider adds ~0.3-0.4 ms
     # to each of a newcomer's ~27 burst iterations (tiny preset, 1 thread). Off: its paired A/B was even
-    # (docs/gpu-sharing.md, item 1), and one letting every stream ride only while short of tokens gained at
+    # (docs/step-order.md, item 1), and one letting every stream ride only while short of tokens gained at
     # load 0.6 and lost at 0.9 (the playing streams' LLMs fell behind).
     riders_need_tokens = False
     # With it a burst ends once an opening among its rows has its hop's tokens (and every other urgent row
@@ -51,7 +51,7 @@ class LLMStepping:
     # of tokens burst on in the next step instead of the first listener waiting for their tokens too. A
     # newcomer that ended another's burst (``bursts_yield``) bursts along with it that far and then
     # waits for that one opening only. Off: against the cut alone its paired A/B lost at load 0.9 in six
-    # rounds of eight and was even at 0.6 (docs/gpu-sharing.md, item 1).
+    # rounds of eight and was even at 0.6 (docs/step-order.md, item 1).
     bursts_split = False
     num_bursts_split: int
     num_catch_up_decodes: int

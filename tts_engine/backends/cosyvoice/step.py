@@ -121,7 +121,7 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         # rounds, the cut with bursts_split (LLMStepping) against neither: the lower p95 in five rounds of
         # eight at loads 0.6 and 0.9, pooled 203 against 245 ms and 251 against 312 ms, 0 against 7 and 5
         # against 22 underruns; a second, the split against the cut alone, favoured the cut alone (pooled
-        # 200 against 188 ms and 240 against 226 ms), so the split stays off (docs/gpu-sharing.md, item 1).
+        # 200 against 188 ms and 240 against 226 ms), so the split stays off (docs/step-order.md, item 1).
         # Off on a GPU: not measured there.
         self.bursts_yield = rows_cost
         self.num_bursts_split = 0  # bursts ended at their first opening's tokens (bursts_split)
@@ -130,7 +130,7 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         # of waiting for a step nobody waits in: under steady arrivals there was none, and held closing
         # passes reached the urgent lane together and ran whole in one call (a Poisson run at load 0.6:
         # five in 1409 ms, ahead of the next openings). An A/B at load 0.6, four rounds: first-chunk p95
-        # 349 against 413 ms, 4 against 13 underruns (docs/gpu-sharing.md, item 5).
+        # 349 against 413 ms, 4 against 13 underruns (docs/step-order.md, item 5).
         self.deferred_after_openings = True
         self.num_catch_up_decodes = 0  # decode iterations run by _catch_up
         self.num_catch_up_rows = 0  # ... and their rows
@@ -164,13 +164,13 @@ class BatchedStep(LLMStepping, WaveStepping, UrgentCalls):
         # the first such pass in rank order, after its urgent audio is out: held passes otherwise reach
         # the urgent lane together and run whole, ahead of the next openings. Two A/Bs on one engine
         # (loads 0.6 and 0.9, three rounds each): a lower first-chunk p95 in four rounds of six at
-        # each load, fewer underruns in all (docs/gpu-sharing.md, item 5).
+        # each load, fewer underruns in all (docs/step-order.md, item 5).
         self.closing_progress = True
         self.num_progress_slices = 0  # ... slices run so
         self.advanced: set[int] = set()  # streams whose flow call ran or advanced this step (id)
         # With it the comfortable lane's hops run CLOSING_SLICE Euler steps at a time, a new request ending
         # them between two slices, and closing_progress takes short hops too. Off: three A/Bs on a CPU found
-        # no steady gain (docs/gpu-sharing.md, item 5).
+        # no steady gain (docs/step-order.md, item 5).
         self.hop_slices = False
         # With it (and short_closings_yield: a CPU) the short lane's hops run so too, a new request ending
         # them between two slices: a newcomer otherwise waits for a short hop run whole (69-73 ms in run 45).

@@ -44,7 +44,7 @@ class UrgentCalls:
     # so the last listener of a cluster hears sooner and the first later, and the engine does less work.
     # Paired A/B of 4 against 1 (eight rounds, seed 11000): the lower p95 in five rounds of eight at loads
     # 0.6 and 0.9, pooled 201 against 206 ms and 257 against 264 ms, 1 against 2 and 7 against 14
-    # underruns, the engine less busy at 0.9 in seven rounds (docs/gpu-sharing.md, item 2).
+    # underruns, the engine less busy at 0.9 in seven rounds (docs/step-order.md, item 2).
     openings_per_call = 4
     # With it the cached opening hops of a run of openings next to each other in rank order go out before
     # the one-call sentences' (a sentence shorter than the first hop: its only call is the exact closing
@@ -52,7 +52,7 @@ class UrgentCalls:
     # such rows in a call apart anyway, longest first (cosyvoice/flow/incremental.py::row_groups), so
     # the cached openings' listeners waited for it (run 47: a call of two openings and one such sentence,
     # 280 ms, against 120-138 ms for two or three openings). Off: its paired A/B gained at load 0.6 and
-    # lost at 0.9, and the two Poisson runs after it were worse than the one before (docs/gpu-sharing.md,
+    # lost at 0.9, and the two Poisson runs after it were worse than the one before (docs/step-order.md,
     # item 2).
     openings_cheap_first = False
     num_one_call_after = 0  # one-call sentences' passes that went out after the cached openings beside them so
