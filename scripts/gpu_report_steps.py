@@ -116,14 +116,19 @@ def _engine_args(opts: Options, streams: str, *extra: str, sentences: int | None
 
 def _poisson_args(opts: Options, *extra: str) -> list[str]:
     """bench_engine.py --arrivals poisson at 0.6 and 0.9 of the measured capacity, bf16."""
-    slots, replies, prompt = ("4", "6", "1") if opts.quick else (POISSON_STREAMS, POISSON_REPLIES, "3")
+    # quick (the CPU test of the report): 3 replies a load and 3 lone sentences. A load's wall time is
+    # its arrivals' span plus the last reply's playback, in real time, so a slower machine (a lower
+    # capacity, fewer replies a second) takes longer: with 6 replies and 12 lone sentences each Poisson
+    # step took 122-126 s of its 150 s on a 2-core AVX2-only EPYC, and one overran it in a full suite run.
+    slots, replies, prompt = ("4", "3", "1") if opts.quick else (POISSON_STREAMS, POISSON_REPLIES, "3")
+    lone_sentences = ("--lone-sentences", "3") if opts.quick else ()
     return [
         *("--preset", opts.preset, "--model-dir", str(opts.model_dir), "--device", opts.device),
         *("--dtype", "bfloat16", "--arrivals", "poisson", "--load", "0.6,0.9", "--streams", slots),
         *("--replies", replies, "--prompt-seconds", prompt, *extra),
         # The lone first chunk once, at the start: 12 lone sentences after every load would cost a GPU
         # step about as much as a load (its budget is 150 s).
-        *("--lone", "start"),
+        *("--lone", "start", *lone_sentences),
     ]
 
 
