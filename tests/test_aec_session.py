@@ -34,8 +34,11 @@ def gateway(llm: LongLLM | None = None):
     return running_gateway(cfg, backend=EspeakBackend(), llm=llm or LongLLM())
 
 
-async def reply_over_echo(gw, *, version: int, seconds: float, near=None, near_at_s: float = 0.0):
-    """A typed query, then `seconds` of microphone audio while the reply plays."""
+async def reply_over_echo(
+    gw, *, version: int, seconds: float, near=None, near_at_s: float = 0.0, then: type | None = None
+):
+    """A typed query, then `seconds` of microphone audio while the reply plays; then the next `then`
+    event (within 10 s) or, without one, half a second of whatever else comes."""
     sim = DeviceSimulator(gw.url, protocol_version=version)
     await sim.connect(features={"aec": True})
     device = EchoDevice(sim, EchoPath(delay_ms=150, gain_db=-10), timestamps=version == 2)
@@ -43,7 +46,10 @@ async def reply_over_echo(gw, *, version: int, seconds: float, near=None, near_a
     await sim.detect(QUERY)
     await sim.next_event(AudioOut, timeout=10)
     t0 = await device.talk(seconds, near=near, near_at_s=near_at_s)
-    await asyncio.sleep(0.5)
+    if then is None:
+        await asyncio.sleep(0.5)
+    else:
+        await sim.next_event(then, timeout=10)
     await sim.close()
     return sim, t0
 
@@ -82,7 +88,10 @@ async def test_user_talking_over_the_reply_barges_in(use_asr, version):  # noqa:
     asr = use_asr(ClipASR(durations((SAID, said), ("echo", utterance(QUERY * 3, lead_s=0, tail_s=0)))))
     llm = LongLLM()
     async with gateway(llm) as gw:
-        sim, t0 = await reply_over_echo(gw, version=version, seconds=7.0, near=said.pcm, near_at_s=3.5)
+        # until the new turn's tts start (the reply's came before its audio)
+        sim, t0 = await reply_over_echo(
+            gw, version=version, seconds=7.0, near=said.pcm, near_at_s=3.5, then=TtsStart
+        )
     t_onset = t0 + 3.5
     records = sim.records
     stop = next(r for r in records if isinstance(r.event, TtsStop))

@@ -182,8 +182,9 @@ async def test_idle_session_is_closed_and_pings_do_not_count():
     async with running_gateway(
         {"session": {"idle_no_voice_s": 1.0, "idle_hard_s": 1.0}}, backend=fake()
     ) as gw:
-        sim = await connected(gw)
-        t0 = time.monotonic()
+        sim = DeviceSimulator(gw.url)
+        t0 = time.monotonic()  # before the connect: the server's idle window starts at its accept
+        await sim.connect()
         answered = 0
 
         async def keep_pinging() -> None:

@@ -133,7 +133,7 @@ async def test_abort_stops_at_once_and_nothing_of_the_turn_follows():
         await sim.next_event(AudioOut, timeout=5)
         t_abort = await sim.abort()
         stop = await sim.next_event(TtsStop, timeout=1)
-        assert stop.t - t_abort < 0.1
+        assert stop.t - t_abort < 0.3  # a sentence of the reply lasts about 1 s
         await asyncio.sleep(0.8)
         late = [r for r in sim.records if r.t > stop.t]
         assert not [r for r in late if isinstance(r.event, AudioOut | TtsSentenceStart)]
@@ -142,7 +142,7 @@ async def test_abort_stops_at_once_and_nothing_of_the_turn_follows():
         # abort with nothing playing still answers tts stop
         t_abort = await sim.abort("wake_word_detected")
         idle_stop = await sim.next_event(TtsStop, timeout=1)
-        assert idle_stop.t - t_abort < 0.2
+        assert idle_stop.t - t_abort < 0.3
         assert t_query < t_abort
         await sim.close()
         await asyncio.sleep(0.1)
@@ -165,4 +165,3 @@ async def test_new_query_while_speaking_aborts_the_old_turn_first():
     kinds = [type(e) for e in turn2.events if not isinstance(e, AudioOut)]
     assert kinds == [Stt, TtsStart, LlmEmotion, TtsSentenceStart, TtsStop]
     assert turn2.stt == "second" and turn2.sentences == ["Second."]
-

@@ -159,8 +159,9 @@ async def talk_over_reply(
         await sim.send_speech(interruption.pcm, realtime=realtime)
         t_onset, t_end = t0 + interruption.start_s, t0 + interruption.end_s
         await asyncio.sleep(0.8)
+        t_close = time.monotonic()
         await sim.close()
-    return sim, first.t, t_onset, t_end, llm
+    return sim, first.t, t_onset, t_end, t_close, llm
 
 
 async def test_realtime_aec_device_with_server_aec_off_waits_for_recognition(use_asr):
@@ -168,7 +169,7 @@ async def test_realtime_aec_device_with_server_aec_off_waits_for_recognition(use
     # off nobody does, so speech heard over the reply may be its echo: no barge-in at speech onset.
     # Barge-in at onset with the server's AEC on: tests/test_aec_session.py.
     said = "Stop, tell me the time instead."
-    sim, t_first, t_onset, t_end, llm = await talk_over_reply(True, said, said, use_asr, server_aec="off")
+    sim, t_first, t_onset, t_end, _, llm = await talk_over_reply(True, said, said, use_asr, server_aec="off")
     records = [r for r in sim.records if r.t > t_first]
     stop = next(r for r in records if isinstance(r.event, TtsStop))
     stt = next(r for r in records if isinstance(r.event, Stt))
@@ -179,15 +180,17 @@ async def test_realtime_aec_device_with_server_aec_off_waits_for_recognition(use
 
 async def test_realtime_without_aec_stops_only_for_recognised_speech(use_asr):
     said = "What time is it now?"
-    sim, t_first, t_onset, t_end, llm = await talk_over_reply(False, said, said, use_asr)
+    sim, t_first, t_onset, t_end, _, llm = await talk_over_reply(False, said, said, use_asr)
     records = [r for r in sim.records if r.t > t_first]
     stop = next(r for r in records if isinstance(r.event, TtsStop))
     stt = next(r for r in records if isinstance(r.event, Stt))
     assert stop.t > t_end + 0.3  # the reply went on until the utterance was over and recognised
     assert stt.t >= stop.t and stt.event.text == "What time is it now?"  # tts stop first (checklist 26)
     # speech recognised as nothing (empty text) does not cut a reply
-    sim2, t_first2, _, _, _ = await talk_over_reply(False, "Hmm, well.", "", use_asr, realtime=False)
-    late = [r for r in sim2.records if r.t > time.monotonic() - 0.4]
+    sim2, t_first2, _, _, t_close2, _ = await talk_over_reply(
+        False, "Hmm, well.", "", use_asr, realtime=False
+    )
+    late = [r for r in sim2.records if r.t > t_close2 - 0.4]  # still playing when the device hung up
     assert any(isinstance(r.event, AudioOut) for r in late)
     assert not [r for r in sim2.records if r.t > t_first2 and isinstance(r.event, Stt)]
 

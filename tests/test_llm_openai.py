@@ -315,7 +315,7 @@ async def test_real_server_stream(loopback_url):
 
 async def test_real_server_read_timeout(loopback_url):
     messages = [{"role": "user", "content": "stall"}]
-    async with OpenAIChatLLM(base_url=loopback_url, api_key="k", model="m", timeout_s=0.3) as llm:
+    async with OpenAIChatLLM(base_url=loopback_url, api_key="k", model="m", timeout_s=1.5) as llm:
         deltas = []
         with pytest.raises(LLMError, match="timed out.*ReadTimeout"):
             async for delta in llm.stream_chat(messages):
