@@ -8,6 +8,7 @@ The checklist's turns, abort and barge-in are in test_device_protocol_turns.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 
@@ -186,21 +187,15 @@ async def test_idle_session_is_closed_and_pings_do_not_count():
         t0 = time.monotonic()  # before the connect: the server's idle window starts at its accept
         await sim.connect()
         answered = 0
-
-        async def keep_pinging() -> None:
-            # Pings every 0.1 s until the server closes: if they counted as activity the session
-            # would outlive the 3 s bound below. The close may land mid-ping on a slow machine.
-            nonlocal answered
-            while not sim.closed.is_set():
-                try:
+        # pings every 0.1 s until the server closes: if they counted as activity the session would
+        # outlive the 3 s bound; the close may land mid-ping on a slow machine
+        async with asyncio.timeout(3):
+            with contextlib.suppress(websockets.ConnectionClosed):
+                while not sim.closed.is_set():
                     await asyncio.wait_for(await sim._ws.ping(), 1)
-                except websockets.ConnectionClosed:
-                    return
-                answered += 1
-                await asyncio.sleep(0.1)
-
-        await asyncio.wait_for(keep_pinging(), 3)
-        await asyncio.wait_for(sim.closed.wait(), 3)
+                    answered += 1
+                    await asyncio.sleep(0.1)
+            await sim.closed.wait()
         elapsed = time.monotonic() - t0
         await sim.close()
     assert answered >= 3, answered  # pings went on (and were answered) inside the idle window
