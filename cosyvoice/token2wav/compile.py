@@ -41,7 +41,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from cosyvoice.token2wav.stream import Token2Wav
+from cosyvoice.token2wav.runner import Token2Wav
 
 __all__ = [
     "TARGETS",
